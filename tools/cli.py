@@ -1,0 +1,76 @@
+"""The ``gyre`` command: one argparse parser, one module per subcommand group.
+
+Each module in ``SUBCOMMAND_MODULES`` exposes ``register(subparsers)``, which adds its
+parser(s) and sets ``func`` on them; ``func(args) -> int`` is the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "tools.db",
+    "tools.events",
+    "tools.projections",
+    "tools.replay",
+    "tools.demo",
+    "tools.simulate",
+)
+
+
+def env_default(var: str, default: str | None = None) -> str | None:
+    """The value of environment variable ``var``, or ``default``."""
+    return os.environ.get(var, default)
+
+
+def add_env_argument(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    var: str,
+    *,
+    default: str | None = None,
+    help: str,
+    type: type = str,
+    **kwargs: object,
+) -> None:
+    """Add ``flag`` whose default comes from ``$var`` (then ``default``); --help shows both."""
+    raw = env_default(var, default)
+    value = type(raw) if raw is not None else None
+    shown = f" (env {var}" + (f", default {default}" if default is not None else "") + ")"
+    parser.add_argument(flag, default=value, type=type, help=help + shown, **kwargs)  # type: ignore[arg-type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gyre",
+        description="gyre: online RL for xLong-horizon agents on an event-sourced data plane.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # a subcommand group not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
