@@ -1,0 +1,65 @@
+"""Typed errors of the scheduling plane; every message names the constraint that failed.
+
+GyreSchedError
+├── ConfigError                  a scheduler or cluster setting is infeasible
+│   ├── CapacityBelowBatchError  rollout capacity cannot hold one batch
+│   ├── CellCountError           K < 1, or an impossible split of cells
+│   ├── RhoMinError              rho_min outside (0, 1]
+│   ├── NegativeOverheadError    a duration or overhead is negative
+│   └── StalenessError           (phi, mu) or a staleness target cannot be realised
+├── WorkloadError                a workload model or file is unusable
+│   └── WorkloadFileError        a workload file has a bad row or format
+├── CounterDecreaseError         a cumulative counter was asked to go down
+├── InputOrderError              an input contradicts the state it arrived in
+└── UnknownPresetError           no simulation preset has that name
+"""
+
+from __future__ import annotations
+
+
+class GyreSchedError(Exception):
+    """The root of every error raised by gyre_sched."""
+
+
+class ConfigError(GyreSchedError):
+    """A scheduler or cluster setting is infeasible."""
+
+
+class CapacityBelowBatchError(ConfigError):
+    """The rollout capacity cannot hold the executions of one batch."""
+
+
+class CellCountError(ConfigError):
+    """The number of cells, or the split of cells between roles, is impossible."""
+
+
+class RhoMinError(ConfigError):
+    """rho_min must lie in (0, 1]."""
+
+
+class NegativeOverheadError(ConfigError):
+    """A duration, overhead or timer was negative."""
+
+
+class StalenessError(ConfigError):
+    """The dispatch parameters (phi, mu) or the staleness target cannot be realised."""
+
+
+class WorkloadError(GyreSchedError):
+    """A workload model is unusable."""
+
+
+class WorkloadFileError(WorkloadError):
+    """A workload file has a bad row or an unknown format."""
+
+
+class CounterDecreaseError(GyreSchedError):
+    """The cumulative counters d, p and f never decrease."""
+
+
+class InputOrderError(GyreSchedError):
+    """An input contradicts the scheduler state it arrived in."""
+
+
+class UnknownPresetError(GyreSchedError):
+    """No simulation preset has that name."""

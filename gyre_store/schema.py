@@ -1,0 +1,103 @@
+"""SQLAlchemy models of every table gyre's migrations create.
+
+These are the models the migrated schema is checked against (``gyre db check``); the
+migrations themselves are explicit SQL. Hot-path code does not use the ORM: it reads the
+column lists from here and sends named SQL through psycopg.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+metadata = sa.MetaData()
+
+events = sa.Table(
+    "gyre_events",
+    metadata,
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.Column("stream_type", sa.Text, nullable=False),
+    sa.Column("stream_id", sa.Text, nullable=False),
+    sa.Column("stream_version", sa.BigInteger, nullable=False),
+    sa.Column("event_type", sa.Text, nullable=False),
+    sa.Column("schema_version", sa.Integer, nullable=False),
+    sa.Column("event_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("idempotency_key", sa.Text, nullable=True),
+    sa.Column("body", pg.JSONB, nullable=False),
+    sa.Column("payload", pg.BYTEA, nullable=True),
+    sa.Column("correlation_id", pg.UUID(as_uuid=True), nullable=True),
+    sa.Column("causation_id", pg.UUID(as_uuid=True), nullable=True),
+    sa.Column("run_id", sa.Text, nullable=True),
+    sa.Column("policy_version", sa.BigInteger, nullable=True),
+    sa.Column("recorded_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")),
+    sa.PrimaryKeyConstraint("position", name="gyre_events_pk"),
+    sa.UniqueConstraint("stream_type", "stream_id", "stream_version", name="gyre_events_stream_version_uq"),
+    sa.UniqueConstraint("idempotency_key", name="gyre_events_idempotency_key_uq"),
+    sa.UniqueConstraint("event_id", name="gyre_events_event_id_uq"),
+    sa.CheckConstraint("position >= 1", name="gyre_events_position_ck"),
+    sa.CheckConstraint("stream_version >= 1", name="gyre_events_stream_version_ck"),
+    sa.Index("gyre_events_type_position_ix", "event_type", "position"),
+    sa.Index("gyre_events_run_position_ix", "run_id", "position"),
+)
+
+checkpoints = sa.Table(
+    "gyre_checkpoints",
+    metadata,
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")),
+    sa.PrimaryKeyConstraint("name", name="gyre_checkpoints_pk"),
+    sa.CheckConstraint("position >= 0", name="gyre_checkpoints_position_ck"),
+)
+
+# --- projections of the run lifecycle (rebuildable from gyre_events at any time) ---
+
+executions = sa.Table(
+    "gyre_executions",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("group_id", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("finish_reason", sa.Text, nullable=True),
+    sa.Column("policy_version", sa.BigInteger, nullable=False),
+    sa.Column("engine", sa.Text, nullable=True),
+    sa.Column("dispatched_position", sa.BigInteger, nullable=False),
+    sa.Column("started_position", sa.BigInteger, nullable=True),
+    sa.Column("finished_position", sa.BigInteger, nullable=True),
+    sa.PrimaryKeyConstraint("execution_id", name="gyre_executions_pk"),
+    sa.Index("gyre_executions_run_ix", "run_id", "status"),
+    sa.Index("gyre_executions_group_ix", "group_id"),
+)
+
+counters = sa.Table(
+    "gyre_counters",
+    metadata,
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("dispatched", sa.BigInteger, nullable=False),
+    sa.Column("started", sa.BigInteger, nullable=False),
+    sa.Column("finished", sa.BigInteger, nullable=False),
+    sa.Column("as_of_position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("run_id", name="gyre_counters_pk"),
+)
+
+cell_roles = sa.Table(
+    "gyre_cell_roles",
+    metadata,
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("cell_index", sa.Integer, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("transitions", sa.Integer, nullable=False),
+    sa.Column("since_position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "cell_index", name="gyre_cell_roles_pk"),
+)
+
+policy_versions = sa.Table(
+    "gyre_policy_versions",
+    metadata,
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.BigInteger, nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("published_position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "policy_version", name="gyre_policy_versions_pk"),
+)

@@ -1,0 +1,59 @@
+"""Errors raised by gyre_train: one root, one subclass per kind of bad input.
+
+GyreTrainError
+ ├── InvalidTreeError          the admission tree or its node tokens are inconsistent
+ ├── InvalidLeafError          a candidate leaf names a node the tree does not hold
+ ├── InvalidConfigError        a configuration value is out of range
+ ├── InvalidRewardsError       a group's rewards cannot produce advantages
+ ├── InvalidLossInputError     loss tensors disagree in shape, dtype or content
+ ├── InvalidRowsError          materialized token rows are inconsistent
+ ├── RowTooLongError           a token row does not fit in one micro-step
+ ├── BatchClosedError          groups or micro-steps were asked of a closed batch
+ └── UnknownGroupError         a group id is not ready in the source
+"""
+
+from __future__ import annotations
+
+
+class GyreTrainError(Exception):
+    """A training-data operation failed."""
+
+    def __init__(self, detail: str = "") -> None:
+        doc = (type(self).__doc__ or "").strip()
+        super().__init__(f"{doc}: {detail}" if detail else doc)
+
+
+class InvalidTreeError(GyreTrainError):
+    """The admission tree or its node tokens are inconsistent."""
+
+
+class InvalidLeafError(GyreTrainError):
+    """A candidate leaf names a node the tree does not hold."""
+
+
+class InvalidConfigError(GyreTrainError):
+    """A configuration value is out of range."""
+
+
+class InvalidRewardsError(GyreTrainError):
+    """A group's rewards cannot produce advantages."""
+
+
+class InvalidLossInputError(GyreTrainError):
+    """Loss tensors disagree in shape, dtype or content."""
+
+
+class InvalidRowsError(GyreTrainError):
+    """Materialized token rows are inconsistent."""
+
+
+class RowTooLongError(GyreTrainError):
+    """A token row does not fit in one micro-step; raise PackingConfig.token_budget."""
+
+
+class BatchClosedError(GyreTrainError):
+    """Groups or micro-steps were asked of a batch whose stream is closed."""
+
+
+class UnknownGroupError(GyreTrainError):
+    """A group id is not ready in the source."""
