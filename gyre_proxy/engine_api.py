@@ -17,6 +17,9 @@ T = TypeVar("T")
 
 FinishType = Literal["stop", "length", "abort"]
 
+# gyre's reference engine answers 503 with this message while it is draining.
+NOT_ACCEPTING_MESSAGE = "engine is not accepting new requests"
+
 # SGLang answers every rejected request with this envelope (``_create_error_response``).
 ERROR_KEY = "error"
 

@@ -39,7 +39,7 @@ from gyre_proxy.exceptions import (
 
 T = TypeVar("T")
 
-NOT_ACCEPTING_MESSAGE = "engine is not accepting new requests"
+NOT_ACCEPTING_MESSAGE = engine_api.NOT_ACCEPTING_MESSAGE
 _CONTEXT_MARKERS = ("context length", "maximum context length")
 
 

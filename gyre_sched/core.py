@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from gyre_sched.codec import LogEntry
 from gyre_sched.config import SchedConfig
 from gyre_sched.counters import Counters
 from gyre_sched.decisions import (
@@ -259,7 +260,7 @@ class SchedulerCore:
         return [begin, Reroute(self._now, cell, moves)]
 
     def _begin_to_rollout(self, cell: int) -> list[Decision]:
-        begin = self._begin(cell, Direction.TO_ROLLOUT, self.training_cells)
+        begin = self._begin(cell, Direction.TO_ROLLOUT, self.training_cells - 1)
         self._roles[cell] = CellRole.TO_ROLLOUT
         return [begin]
 
@@ -319,7 +320,7 @@ class SchedulerCore:
         return out
 
 
-def run_core(cfg: SchedConfig, inputs: Iterable[Input]) -> list[tuple[Input, tuple[Decision, ...]]]:
+def run_core(cfg: SchedConfig, inputs: Iterable[Input]) -> list[LogEntry]:
     """Feed ``inputs`` to a fresh core; return each input with its decisions (a replay)."""
     core = SchedulerCore(cfg)
-    return [(event, core.handle(event)) for event in inputs]
+    return [LogEntry(event, core.handle(event)) for event in inputs]

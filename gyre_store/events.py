@@ -207,11 +207,12 @@ class EventRegistry:
         if new.expected_version is not None and new.expected_version < 0:
             raise MalformedEvent(f"expected_version must be >= 0 or None, got {new.expected_version}")
         metadata = new.metadata
-        if metadata.run_id is None and isinstance(getattr(event, "run_id", None), str):
+        run_id = getattr(event, "run_id", None)
+        if metadata.run_id is None and isinstance(run_id, str):
             # Events that belong to a run are indexed by it without the caller repeating it.
             metadata = EventMetadata(
-                metadata.correlation_id, metadata.causation_id, event.run_id, metadata.policy_version
-            )  # type: ignore[attr-defined]
+                metadata.correlation_id, metadata.causation_id, run_id, metadata.policy_version
+            )
         return EncodedEvent(new, event.stream, cls.event_type, cls.schema_version, body, payload, metadata)
 
     def from_body(self, name: str, schema_version: int, body: bytes | str) -> Event:

@@ -1,1 +1,129 @@
-"""gyre_train."""
+"""gyre_train: training-data logic of gyre (admission, advantages, the execution-level loss, packing).
+
+Pure and storage-independent: inputs are frozen typed structures that the event-store projection
+fills; the Redis claim queue, cells, gradient aggregation and weight publication live elsewhere.
+"""
+
+from gyre_train.admission import (
+    CLAUDE_CODE_ORDER,
+    Admission,
+    AdmissionConfig,
+    AdmittedTrajectory,
+    ClassPriority,
+    FlatPriority,
+    LeafPriority,
+    admission_rng,
+    admit,
+)
+from gyre_train.advantages import (
+    AdvantageConfig,
+    ExecutionReward,
+    GroupAdvantages,
+    RewardStatus,
+    group_advantages,
+)
+from gyre_train.exceptions import (
+    BatchClosedError,
+    GyreTrainError,
+    InvalidConfigError,
+    InvalidLeafError,
+    InvalidLossInputError,
+    InvalidRewardsError,
+    InvalidRowsError,
+    InvalidTreeError,
+    RowTooLongError,
+    UnknownGroupError,
+)
+from gyre_train.logprobs import block_causal_mask, packed_token_logprobs
+from gyre_train.loss import (
+    ExecutionClip,
+    ExecutionSummary,
+    LossConfig,
+    LossCounters,
+    MicroStepLoss,
+    SequenceRatioAccumulator,
+    StepLog,
+    clip_executions,
+    execution_coefficient,
+    log_ratio_sums,
+    step_log,
+    token_loss,
+)
+from gyre_train.objective import accumulate_sequence_ratios, micro_step_loss
+from gyre_train.packing import (
+    BatchPacker,
+    GroupTicket,
+    MicroStep,
+    PackingConfig,
+    ReadyGroup,
+    ReadyGroupSource,
+    RowKey,
+    select_oldest,
+)
+from gyre_train.rows import ExecutionRows, TokenRow, materialize_rows
+from gyre_train.trajectory import (
+    AdmissionTree,
+    CandidateLeaf,
+    ExecutionTokens,
+    LeafClass,
+    NodeTokens,
+)
+
+__all__ = [
+    "CLAUDE_CODE_ORDER",
+    "Admission",
+    "AdmissionConfig",
+    "AdmissionTree",
+    "AdmittedTrajectory",
+    "AdvantageConfig",
+    "BatchClosedError",
+    "BatchPacker",
+    "CandidateLeaf",
+    "ClassPriority",
+    "ExecutionClip",
+    "ExecutionReward",
+    "ExecutionRows",
+    "ExecutionSummary",
+    "ExecutionTokens",
+    "FlatPriority",
+    "GroupAdvantages",
+    "GroupTicket",
+    "GyreTrainError",
+    "InvalidConfigError",
+    "InvalidLeafError",
+    "InvalidLossInputError",
+    "InvalidRewardsError",
+    "InvalidRowsError",
+    "InvalidTreeError",
+    "LeafClass",
+    "LeafPriority",
+    "LossConfig",
+    "LossCounters",
+    "MicroStep",
+    "MicroStepLoss",
+    "NodeTokens",
+    "PackingConfig",
+    "ReadyGroup",
+    "ReadyGroupSource",
+    "RewardStatus",
+    "RowKey",
+    "RowTooLongError",
+    "SequenceRatioAccumulator",
+    "StepLog",
+    "TokenRow",
+    "UnknownGroupError",
+    "accumulate_sequence_ratios",
+    "admission_rng",
+    "admit",
+    "block_causal_mask",
+    "clip_executions",
+    "execution_coefficient",
+    "group_advantages",
+    "log_ratio_sums",
+    "materialize_rows",
+    "micro_step_loss",
+    "packed_token_logprobs",
+    "select_oldest",
+    "step_log",
+    "token_loss",
+]

@@ -33,7 +33,9 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.clip_low <= 1 <= self.clip_high:
-            raise InvalidConfigError(f"need 0 < clip_low <= 1 <= clip_high, got [{self.clip_low}, {self.clip_high}]")
+            raise InvalidConfigError(
+                f"need 0 < clip_low <= 1 <= clip_high, got [{self.clip_low}, {self.clip_high}]"
+            )
         if not (self.token_ratio_cap > 0 and self.token_loss_cap > 0):
             raise InvalidConfigError("token_ratio_cap and token_loss_cap must be positive")
 
@@ -112,7 +114,9 @@ class SequenceRatioAccumulator:
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
 
-    def add(self, execution_ids: Sequence[str], log_ratio_sums: Sequence[float], counts: Sequence[int]) -> None:
+    def add(
+        self, execution_ids: Sequence[str], log_ratio_sums: Sequence[float], counts: Sequence[int]
+    ) -> None:
         for execution_id, total, count in zip(execution_ids, log_ratio_sums, counts, strict=True):
             self._sums[execution_id] = self._sums.get(execution_id, 0.0) + float(total)
             self._counts[execution_id] = self._counts.get(execution_id, 0) + int(count)

@@ -23,7 +23,9 @@ from gyre_train.packing import MicroStep
 
 def _targets(step: MicroStep, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if tuple(logprobs.shape) != (len(step),):
-        raise InvalidLossInputError(f"logprobs has shape {tuple(logprobs.shape)}, micro-step has {len(step)} tokens")
+        raise InvalidLossInputError(
+            f"logprobs has shape {tuple(logprobs.shape)}, micro-step has {len(step)} tokens"
+        )
     mask = torch.as_tensor(step.target_mask, device=logprobs.device)  # [T]
     logp_new = logprobs[mask]  # [U]
     logp_roll = torch.as_tensor(step.behaviour_logprobs, device=logprobs.device)[mask]  # [U]

@@ -179,7 +179,9 @@ class BatchPacker:
         rows: list[TokenRow] = []
         for execution in group.executions:
             if execution.execution_id in self._coefficient:
-                raise InvalidRowsError(f"execution {execution.execution_id} is already in batch {self._batch}")
+                raise InvalidRowsError(
+                    f"execution {execution.execution_id} is already in batch {self._batch}"
+                )
             self._coefficient[execution.execution_id] = execution_coefficient(
                 execution.target_count, self._config.raw_executions
             )

@@ -111,7 +111,9 @@ def materialize_rows(
         # Drop tokens after the last target: causal attention lets them reach no target.
         end = int(np.flatnonzero(mask)[-1]) + 1
         if mask[0]:
-            raise InvalidTreeError(f"node {path[0]} begins a path with a trainable token, which has no context")
+            raise InvalidTreeError(
+                f"node {path[0]} begins a path with a trainable token, which has no context"
+            )
         rows.append(
             TokenRow(
                 execution_id=execution_id,

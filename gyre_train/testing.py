@@ -70,7 +70,8 @@ def synthetic_execution(
     per_leaf = max(1, (num_nodes - num_roots) // max(1, num_leaves))
     for k in range(num_leaves):
         root = k % num_roots
-        inner = [i for i in range(len(parents)) if owner[i] == root and i not in {leaf.node for leaf in leaves}]
+        ends = {leaf.node for leaf in leaves}
+        inner = [i for i in range(len(parents)) if owner[i] == root and i not in ends]
         start = inner[0] if len(inner) == 1 else int(rng.choice(inner[: max(1, int(len(inner) * 0.8))]))
         length = per_leaf + (1 if (depth[start] + per_leaf) % 2 == 0 else 0)
         for _ in range(length):
@@ -105,7 +106,9 @@ def synthetic_rows(
 ) -> tuple[TokenRow, ...]:
     """Rows with log-normal (long-tailed) lengths; about a third of each row's tokens are targets."""
     rows = []
-    lengths = np.clip(rng.lognormal(np.log(median_length), 1.0, size=num_rows), 2, max_length).astype(np.int64)
+    lengths = np.clip(rng.lognormal(np.log(median_length), 1.0, size=num_rows), 2, max_length).astype(
+        np.int64
+    )
     for trajectory, length in enumerate(lengths.tolist()):
         mask = rng.random(length) < 0.33
         mask[0] = False

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The embedded servers' packages ask platformdirs for a runtime dir that a headless
+    # machine does not have; the fallback is fine and the warning only confuses users.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

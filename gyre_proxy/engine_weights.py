@@ -1,0 +1,114 @@
+"""Moving weights to an engine: tensor payloads and the broadcast group.
+
+Two payload formats for ``/update_weights_from_tensor``:
+- ``serialize_for_sglang``: SGLang's own (a base64 ``ForkingPickler`` dump of
+  ``[(name, tensor)]``); the tensors travel as shared-memory handles, so the engine must be
+  on the same host and the sender must call
+  ``torch.multiprocessing.set_sharing_strategy("file_system")``.
+- ``serialize_safetensors`` (``load_format="gyre_safetensors"``): base64 safetensors bytes,
+  the only format gyre's reference engine accepts, because it never unpickles request bodies.
+
+``WeightUpdateGroup`` is one end of the gloo group behind ``/init_weights_update_group`` and
+``/update_weights_from_distributed``: the trainer is rank 0 and broadcasts each tensor.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import io
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Self
+
+import torch
+from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+GYRE_SAFETENSORS_FORMAT = "gyre_safetensors"
+
+
+def serialize_safetensors(tensors: Mapping[str, torch.Tensor]) -> str:
+    """Base64 safetensors bytes of ``tensors`` (contiguous CPU copies)."""
+    from safetensors.torch import save
+
+    plain = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
+    return base64.b64encode(save(plain)).decode("ascii")
+
+
+def deserialize_safetensors(payload: str) -> dict[str, torch.Tensor]:
+    """Inverse of ``serialize_safetensors``; raises ``ValueError`` on a bad payload."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        return load(base64.b64decode(payload, validate=True))
+    except (SafetensorError, ValueError) as exc:
+        raise ValueError(f"not a base64 safetensors payload: {exc}") from exc
+
+
+def serialize_for_sglang(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's ``MultiprocessingSerializer`` format for a same-host SGLang server."""
+    from torch.multiprocessing.reductions import ForkingPickler
+
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(list(named_tensors))
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``, the spelling ``/update_weights_from_distributed`` uses."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class WeightUpdateGroup:
+    """One rank of a named gloo group (rank 0 sends); a context manager.
+
+    The store layout nests prefixes the way ``torch.distributed`` does for a named group
+    created through its rendezvous (``group_name``, then ``group_name/``, then ``cpu/``), the
+    path SGLang's custom process groups take.
+    """
+
+    def __init__(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        timeout_s: float = 60.0,
+    ) -> None:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.rank = rank
+        self.group_name = group_name
+        self._store = TCPStore(
+            master_address, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        )
+        scoped = PrefixStore("cpu/", PrefixStore(f"{group_name}/", PrefixStore(group_name, self._store)))
+        self._group = ProcessGroupGloo(scoped, rank, world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0 sends ``tensor``; every other rank receives into it. Returns ``tensor``."""
+        self._group.broadcast(tensor, 0).wait()
+        return tensor
+
+    def close(self) -> None:
+        self._group.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
