@@ -1,1 +1,71 @@
-"""gyre_proxy."""
+"""gyre_proxy: the harness-facing proxy and the engine layer it routes to.
+
+So far this holds the engine layer: ``EngineClient`` (SGLang's native HTTP API), the
+``Engine`` protocol with its domain types, the typed errors, and (in ``refengine``) gyre's
+reference engine. ``gyre_proxy.testing`` has the in-memory ``FakeEngine``.
+"""
+
+from __future__ import annotations
+
+from gyre_proxy.engine_client import EngineClient, EngineClientConfig
+from gyre_proxy.engine_types import (
+    Engine,
+    EngineInfo,
+    Finish,
+    FinishKind,
+    GenerateDelta,
+    GenerateResult,
+    SamplingConfig,
+    WeightUpdate,
+)
+from gyre_proxy.engine_weights import (
+    GYRE_SAFETENSORS_FORMAT,
+    WeightUpdateGroup,
+    serialize_for_sglang,
+    serialize_safetensors,
+)
+from gyre_proxy.exceptions import (
+    ContextLengthExceeded,
+    EngineBadRequest,
+    EngineError,
+    EngineNotAccepting,
+    EngineProtocolError,
+    EngineRequestAborted,
+    EngineServerError,
+    EngineUnavailable,
+    GyreProxyError,
+    ModelLoadError,
+    ReferenceEngineError,
+    ScriptError,
+    WeightUpdateFailed,
+)
+
+__all__ = [
+    "GYRE_SAFETENSORS_FORMAT",
+    "ContextLengthExceeded",
+    "Engine",
+    "EngineBadRequest",
+    "EngineClient",
+    "EngineClientConfig",
+    "EngineError",
+    "EngineInfo",
+    "EngineNotAccepting",
+    "EngineProtocolError",
+    "EngineRequestAborted",
+    "EngineServerError",
+    "EngineUnavailable",
+    "Finish",
+    "FinishKind",
+    "GenerateDelta",
+    "GenerateResult",
+    "GyreProxyError",
+    "ModelLoadError",
+    "ReferenceEngineError",
+    "SamplingConfig",
+    "ScriptError",
+    "WeightUpdate",
+    "WeightUpdateFailed",
+    "WeightUpdateGroup",
+    "serialize_for_sglang",
+    "serialize_safetensors",
+]

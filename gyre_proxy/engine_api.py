@@ -158,9 +158,7 @@ class InitWeightsUpdateGroupRequest(msgspec.Struct, frozen=True, kw_only=True):
     backend: str = "gloo"
 
 
-class UpdateWeightsFromDistributedRequest(
-    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
-):
+class UpdateWeightsFromDistributedRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Body of ``POST /update_weights_from_distributed``: tensors arrive by broadcast from rank 0."""
 
     names: list[str]

@@ -160,7 +160,7 @@ class EngineClient:
         response = await self._request("POST", "/generate", body)
         if response.status_code != 200:
             error = error_for(response.status_code, error_message(response))
-            if response.status_code in (500, 503) and not isinstance(error, EngineNotAccepting):
+            if response.status_code == 500:  # SGLang's scheduler aborted it mid-flight
                 raise EngineRequestAborted(str(error)) from error
             raise error
         wire = _decode(response.content, engine_api.GenerateResponse, "/generate")
@@ -325,4 +325,3 @@ def _decode(content: bytes, kind: type[T], path: str) -> T:
         return engine_api.decode(content, kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise EngineProtocolError(f"{path} answered an unexpected body: {exc}") from exc
-

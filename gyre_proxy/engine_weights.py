@@ -19,10 +19,10 @@ import datetime
 import io
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, cast
 
 import torch
-from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
 
 GYRE_SAFETENSORS_FORMAT = "gyre_safetensors"
 
@@ -48,7 +48,7 @@ def deserialize_safetensors(payload: str) -> dict[str, torch.Tensor]:
 
 def serialize_for_sglang(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
     """SGLang's ``MultiprocessingSerializer`` format for a same-host SGLang server."""
-    from torch.multiprocessing.reductions import ForkingPickler
+    from multiprocessing.reduction import ForkingPickler
 
     buffer = io.BytesIO()
     ForkingPickler(buffer).dump(list(named_tensors))
@@ -89,14 +89,20 @@ class WeightUpdateGroup:
         self.rank = rank
         self.group_name = group_name
         self._store = TCPStore(
-            master_address, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+            master_address,
+            master_port,
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
         )
         scoped = PrefixStore("cpu/", PrefixStore(f"{group_name}/", PrefixStore(group_name, self._store)))
         self._group = ProcessGroupGloo(scoped, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0 sends ``tensor``; every other rank receives into it. Returns ``tensor``."""
-        self._group.broadcast(tensor, 0).wait()
+        # The stubs declare broadcast on ProcessGroup only; the gloo backend has it too.
+        cast(Any, self._group).broadcast(tensor, 0).wait()
         return tensor
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ def block_causal_mask(row_starts: np.ndarray, dtype: torch.dtype, device: torch.
     row_starts: [R + 1] cumulative row boundaries, as in MicroStep.
     """
     lengths = np.diff(row_starts)  # [R]
-    segment = torch.as_tensor(np.repeat(np.arange(lengths.shape[0]), lengths), device=device)  # [T]
+    segment = torch.tensor(np.repeat(np.arange(lengths.shape[0]), lengths), device=device)  # [T]
     total = int(segment.shape[0])
     index = torch.arange(total, device=device)
     allowed = (segment[:, None] == segment[None, :]) & (index[None, :] <= index[:, None])  # [T, T]
@@ -39,8 +39,8 @@ def packed_token_logprobs(model: torch.nn.Module, step: MicroStep) -> torch.Tens
     total = len(step)
     if total == 0:
         return torch.zeros(0, dtype=torch.float32, device=device)
-    input_ids = torch.as_tensor(step.token_ids, dtype=torch.long, device=device)  # [T]
-    position_ids = torch.as_tensor(step.position_ids, dtype=torch.long, device=device)  # [T]
+    input_ids = torch.tensor(step.token_ids, dtype=torch.long, device=device)  # [T]
+    position_ids = torch.tensor(step.position_ids, dtype=torch.long, device=device)  # [T]
     output = model(
         input_ids=input_ids[None],
         position_ids=position_ids[None],

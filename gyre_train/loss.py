@@ -69,6 +69,8 @@ class ExecutionClip:
     _slot: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.sequence_ratios.setflags(write=False)
+        self.clip_mask.setflags(write=False)
         object.__setattr__(self, "_slot", {e: i for i, e in enumerate(self.execution_ids)})
 
     def mask_of(self, execution_ids: Sequence[str]) -> Float64Array:

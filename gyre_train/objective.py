@@ -26,10 +26,10 @@ def _targets(step: MicroStep, logprobs: torch.Tensor) -> tuple[torch.Tensor, tor
         raise InvalidLossInputError(
             f"logprobs has shape {tuple(logprobs.shape)}, micro-step has {len(step)} tokens"
         )
-    mask = torch.as_tensor(step.target_mask, device=logprobs.device)  # [T]
+    mask = torch.tensor(step.target_mask, device=logprobs.device)  # [T]
     logp_new = logprobs[mask]  # [U]
-    logp_roll = torch.as_tensor(step.behaviour_logprobs, device=logprobs.device)[mask]  # [U]
-    slots = torch.as_tensor(step.slots, dtype=torch.long, device=logprobs.device)[mask]  # [U]
+    logp_roll = torch.tensor(step.behaviour_logprobs, device=logprobs.device)[mask]  # [U]
+    slots = torch.tensor(step.slots, dtype=torch.long, device=logprobs.device)[mask]  # [U]
     return logp_new, logp_roll, slots
 
 
@@ -53,7 +53,7 @@ def micro_step_loss(
     """
     logp_new, logp_roll, slots = _targets(step, logprobs)
     device = logprobs.device
-    per_slot_mask = torch.as_tensor(clip.mask_of(step.execution_ids), device=device)  # [E]
-    advantages = torch.as_tensor(step.execution_advantages, device=device)[slots]  # [U]
-    coefficients = torch.as_tensor(step.coefficients[step.target_mask], device=device)  # [U]
+    per_slot_mask = torch.tensor(clip.mask_of(step.execution_ids), device=device)  # [E]
+    advantages = torch.tensor(step.execution_advantages, device=device)[slots]  # [U]
+    coefficients = torch.tensor(step.coefficients[step.target_mask], device=device)  # [U]
     return token_loss(logp_new, logp_roll, advantages, per_slot_mask[slots], coefficients, config)

@@ -112,6 +112,11 @@ class MicroStep:
     slots: Int32Array  # [T]
     coefficients: Float64Array  # [T]
 
+    def __post_init__(self) -> None:
+        for name in ("execution_advantages", "token_ids", "position_ids", "row_starts", "target_mask",
+                     "behaviour_logprobs", "slots", "coefficients"):  # fmt: skip
+            getattr(self, name).setflags(write=False)
+
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
 

@@ -34,12 +34,13 @@ class TokenRow:
     def __post_init__(self) -> None:
         ids = np.asarray(self.token_ids, dtype=np.int32)
         mask = np.asarray(self.target_mask, dtype=np.bool_)
-        logprobs = np.where(mask, np.asarray(self.behaviour_logprobs, dtype=np.float32), np.float32(0))
-        if ids.ndim != 1 or mask.shape != ids.shape or logprobs.shape != ids.shape:
+        recorded = np.asarray(self.behaviour_logprobs, dtype=np.float32)
+        if ids.ndim != 1 or mask.shape != ids.shape or recorded.shape != ids.shape:
             raise InvalidRowsError(
                 f"row {self.execution_id}/{self.trajectory}: token_ids {ids.shape}, target_mask "
-                f"{mask.shape} and behaviour_logprobs {np.shape(self.behaviour_logprobs)} differ"
+                f"{mask.shape} and behaviour_logprobs {recorded.shape} differ"
             )
+        logprobs = np.where(mask, recorded, np.float32(0)).astype(np.float32)
         if not mask.any():
             raise InvalidRowsError(f"row {self.execution_id}/{self.trajectory} has no target")
         if mask[0]:

@@ -181,7 +181,9 @@ class DecodeLoop:
         except BaseException as exc:  # handed to the waiting caller, not swallowed
             job.future.set_exception(exc)
 
-    def _finish(self, request: _Request, finish: Finish, token: int | None = None, logprob: float | None = None) -> None:
+    def _finish(
+        self, request: _Request, finish: Finish, token: int | None = None, logprob: float | None = None
+    ) -> None:
         self._active.pop(request.rid, None)
         request.cache = None
         request.sink(StepEvent(token, logprob, finish, self.weight_version))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +29,7 @@ from gyre_proxy.engine_weights import (
     dtype_from_name,
 )
 from gyre_proxy.exceptions import ModelLoadError, ReferenceEngineError
-from gyre_proxy.refengine.decode_loop import DecodeLoop, EventSink
+from gyre_proxy.refengine.decode_loop import DecodeLoop, EventSink, StepEvent
 from gyre_proxy.refengine.model import LoadedModel, ModelSource, load_model, load_weights, read_weights
 from gyre_proxy.refengine.scripted import ScriptedPolicy
 
@@ -141,11 +142,11 @@ class ReferenceEngine:
             forced = script[: sampling.max_new_tokens] if script is not None else None
         seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
 
-        def sink_and_release(event: object) -> None:
-            if getattr(event, "finish", None) is not None:
+        def sink_and_release(event: StepEvent) -> None:
+            if event.finish is not None:
                 with self._lock:
                     self._rids.discard(rid)
-            sink(event)  # type: ignore[arg-type]
+            sink(event)
 
         self.loop.submit(rid, list(request.input_ids), sampling, sink_and_release, forced=forced, seed=seed)
 
@@ -154,9 +155,8 @@ class ReferenceEngine:
 
     # -- weights -------------------------------------------------------------------------------
 
-    async def _exclusive(self, job: object, *, abort_all: bool) -> int:
-        future = self.loop.run_exclusive(job, abort_all=abort_all)  # type: ignore[arg-type]
-        return int(await asyncio.wrap_future(future))
+    async def _exclusive(self, job: Callable[[], int], *, abort_all: bool) -> int:
+        return await asyncio.wrap_future(self.loop.run_exclusive(job, abort_all=abort_all))
 
     def _install(self, tensors: dict[str, torch.Tensor], weight_version: str | None) -> int:
         count = load_weights(self.loaded.model, tensors)
@@ -181,7 +181,9 @@ class ReferenceEngine:
 
     async def update_weights_from_tensor(self, request: engine_api.UpdateWeightsFromTensorRequest) -> int:
         if not self._session_open:
-            raise ModelLoadError("update_weights_from_tensor needs an open session: call /begin_weight_update")
+            raise ModelLoadError(
+                "update_weights_from_tensor needs an open session: call /begin_weight_update"
+            )
         if request.load_format != GYRE_SAFETENSORS_FORMAT:
             raise ModelLoadError(
                 f"the reference engine takes load_format={GYRE_SAFETENSORS_FORMAT!r} only "
@@ -237,7 +239,9 @@ class ReferenceEngine:
 
         def job() -> int:
             # Receive every tensor first: the sender broadcasts them all regardless.
-            received = {name: group.broadcast(torch.empty(shape, dtype=dtype)) for name, dtype, shape in specs}
+            received = {
+                name: group.broadcast(torch.empty(shape, dtype=dtype)) for name, dtype, shape in specs
+            }
             return self._install(received, request.weight_version)
 
         return await self._exclusive(job, abort_all=request.abort_all_requests)

@@ -80,6 +80,7 @@ def load_model(source: ModelSource) -> LoadedModel:
     """Build or load the model named by ``source``; raises ``ModelLoadError``."""
     from transformers import AutoModelForCausalLM
 
+    model: Any
     if source.model_dir is not None:
         if not (source.model_dir / "config.json").is_file():
             raise ModelLoadError(f"{source.model_dir} has no config.json (write it with save_pretrained)")
@@ -95,7 +96,7 @@ def load_model(source: ModelSource) -> LoadedModel:
         # The seed fixes the initial weights, so two engines built alike are identical.
         torch.manual_seed(source.seed)
         try:
-            model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)  # type: ignore[no-untyped-call]
         except ValueError as exc:
             raise ModelLoadError(f"no causal LM for this config: {exc}") from exc
         model_path = f"gyre-reference/{hf_config.model_type}"

@@ -88,7 +88,9 @@ class _Output:
 def build_app(engine: ReferenceEngine) -> Starlette:
     """The Starlette app serving ``engine``."""
 
-    def rejected(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def rejected(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
             try:
                 return await handler(request)
@@ -156,7 +158,9 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         if version is not None:
             message += f" Weight version updated to {version}."
         return _json(
-            engine_api.WeightUpdateResponse(success=True, message=message, num_paused_requests=0 if paused else None)
+            engine_api.WeightUpdateResponse(
+                success=True, message=message, num_paused_requests=0 if paused else None
+            )
         )
 
     def weights(
@@ -173,7 +177,9 @@ def build_app(engine: ReferenceEngine) -> Starlette:
     async def update_from_disk(request: Request) -> Response:
         body = await _body(request, engine_api.UpdateWeightsFromDiskRequest)
         count = await engine.update_weights_from_disk(body)
-        return weight_answer(f"Succeeded to update model weights ({count} tensors).", body.weight_version, paused=True)
+        return weight_answer(
+            f"Succeeded to update model weights ({count} tensors).", body.weight_version, paused=True
+        )
 
     async def update_from_tensor(request: Request) -> Response:
         body = await _body(request, engine_api.UpdateWeightsFromTensorRequest)
@@ -203,7 +209,11 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         if body.abort_all_requests:
             engine.abort(None)
         engine.set_weight_version(body.new_version)
-        return _json(engine_api.WeightUpdateResponse(success=True, message=f"Weight version updated to {body.new_version}"))
+        return _json(
+            engine_api.WeightUpdateResponse(
+                success=True, message=f"Weight version updated to {body.new_version}"
+            )
+        )
 
     async def release_memory(request: Request) -> Response:
         await _body(request, engine_api.MemoryOccupationRequest)
@@ -220,7 +230,9 @@ def build_app(engine: ReferenceEngine) -> Starlette:
     def status() -> Response:
         return _json(
             engine_api.AdmissionStatus(
-                accepting=engine.accepting, in_flight=engine.loop.in_flight, weight_version=engine.weight_version
+                accepting=engine.accepting,
+                in_flight=engine.loop.in_flight,
+                weight_version=engine.weight_version,
             )
         )
 
@@ -249,7 +261,9 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         Route("/begin_weight_update", begin_update, methods=["POST"]),
         Route("/end_weight_update", end_update, methods=["POST"]),
         Route("/init_weights_update_group", rejected(weights(init_group)), methods=["POST"]),
-        Route("/update_weights_from_distributed", rejected(weights(update_from_distributed)), methods=["POST"]),
+        Route(
+            "/update_weights_from_distributed", rejected(weights(update_from_distributed)), methods=["POST"]
+        ),
         Route("/update_weight_version", rejected(update_weight_version), methods=["POST"]),
         Route("/release_memory_occupation", rejected(release_memory), methods=["GET", "POST"]),
         Route("/resume_memory_occupation", rejected(resume_memory), methods=["GET", "POST"]),

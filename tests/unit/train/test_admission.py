@@ -55,7 +55,9 @@ def test_every_draw_follows_the_rule(tree: AdmissionTree, cap: int | None, seed:
 
 @settings(max_examples=150, deadline=None)
 @given(tree=admission_trees(), cap=CAPS, seed=SEEDS)
-def test_targets_are_disjoint_trainable_and_on_the_path(tree: AdmissionTree, cap: int | None, seed: int) -> None:
+def test_targets_are_disjoint_trainable_and_on_the_path(
+    tree: AdmissionTree, cap: int | None, seed: int
+) -> None:
     admission = admit(tree, AdmissionConfig(max_trajectories=cap), np.random.default_rng(seed))
     seen: list[int] = []
     for trajectory in admission.trajectories:
@@ -82,13 +84,17 @@ def test_uncapped_admission_covers_every_leaf_path(tree: AdmissionTree, seed: in
 @given(tree=admission_trees(), cap=CAPS, seed=SEEDS)
 def test_same_seed_same_admission(tree: AdmissionTree, cap: int | None, seed: int) -> None:
     config = AdmissionConfig(max_trajectories=cap)
-    assert admit(tree, config, np.random.default_rng(seed)) == admit(tree, config, np.random.default_rng(seed))
+    assert admit(tree, config, np.random.default_rng(seed)) == admit(
+        tree, config, np.random.default_rng(seed)
+    )
 
 
 def _two_disjoint_leaves(first: LeafClass, second: LeafClass, weights: tuple[int, int]) -> AdmissionTree:
     # root 0 (no targets) -> node 1 (leaf A), root 2 -> node 3 (leaf B)
     return AdmissionTree.build(
-        [None, 0, None, 2], [0, weights[0], 0, weights[1]], [CandidateLeaf(1, first), CandidateLeaf(3, second)]
+        [None, 0, None, 2],
+        [0, weights[0], 0, weights[1]],
+        [CandidateLeaf(1, first), CandidateLeaf(3, second)],
     )
 
 
@@ -115,7 +121,9 @@ def test_class_order_is_a_parameter_and_omitted_classes_are_never_admitted() -> 
     reversed_order = ClassPriority((LeafClass.SUB_AGENT, LeafClass.MAIN))
     admission = admit(tree, AdmissionConfig(priority=reversed_order), np.random.default_rng(0))
     assert [t.leaf_class for t in admission.trajectories] == [LeafClass.SUB_AGENT, LeafClass.MAIN]
-    main_only = admit(tree, AdmissionConfig(priority=ClassPriority((LeafClass.MAIN,))), np.random.default_rng(0))
+    main_only = admit(
+        tree, AdmissionConfig(priority=ClassPriority((LeafClass.MAIN,))), np.random.default_rng(0)
+    )
     assert [t.leaf_class for t in main_only.trajectories] == [LeafClass.MAIN]
     assert main_only.exhausted
 

@@ -1,0 +1,82 @@
+"""Engines the contract suite runs against: gyre's reference engine, and real SGLang.
+
+The SGLang target needs ``GYRE_SGLANG_URL`` (a server started by ``tools/sglang_setup.sh``)
+and ``GYRE_SGLANG_MODEL_DIR`` (the model folder it serves, for direct forward passes). They
+are read when this module is imported because the root conftest clears ``GYRE_*`` variables
+before every test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from gyre_proxy.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, load_model
+
+SGLANG_URL = os.environ.get("GYRE_SGLANG_URL")
+SGLANG_MODEL_DIR = os.environ.get("GYRE_SGLANG_MODEL_DIR")
+SGLANG_CONTEXT_LENGTH = int(os.environ.get("GYRE_SGLANG_CONTEXT_LENGTH", "2048"))
+
+REFERENCE_CONTEXT = 2048
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """An engine under test and what the suite needs to check it."""
+
+    name: str
+    base_url: str
+    model: torch.nn.Module  # the same weights, for direct forward passes
+    context_length: int
+    eos_token_ids: frozenset[int]
+    gyre_admin: bool  # has the /gyre/... admission endpoints
+
+
+@pytest.fixture(scope="module")
+def reference_target() -> Iterator[EngineTarget]:
+    config = ReferenceEngineConfig(max_context=REFERENCE_CONTEXT, seed=0)
+    with ReferenceEngineServer(config) as server:
+        loaded = server.engine.loaded
+        yield EngineTarget(
+            name="reference",
+            base_url=server.base_url,
+            model=loaded.model,
+            context_length=server.engine.context_length,
+            eos_token_ids=loaded.eos_token_ids,
+            gyre_admin=True,
+        )
+
+
+@pytest.fixture(scope="module")
+def sglang_target() -> EngineTarget:
+    if not SGLANG_URL or not SGLANG_MODEL_DIR:
+        pytest.skip(
+            "NO REAL SGLANG SERVER: set GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR "
+            "(see tools/sglang_setup.sh and docs/engines.md) to run the contract suite against SGLang"
+        )
+    loaded = load_model(ModelSource(model_dir=Path(SGLANG_MODEL_DIR)))
+    return EngineTarget(
+        name="sglang",
+        base_url=SGLANG_URL,
+        model=loaded.model,
+        context_length=SGLANG_CONTEXT_LENGTH,
+        eos_token_ids=loaded.eos_token_ids,
+        gyre_admin=False,
+    )
+
+
+@pytest.fixture(params=["reference", pytest.param("sglang", marks=pytest.mark.sglang)])
+def target(request: pytest.FixtureRequest) -> EngineTarget:
+    name = "reference_target" if request.param == "reference" else "sglang_target"
+    value: EngineTarget = request.getfixturevalue(name)
+    return value

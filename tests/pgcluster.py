@@ -1,0 +1,73 @@
+"""A private PostgreSQL cluster that a test may stop and restart.
+
+Uses the machine's PostgreSQL binaries in a temporary folder on a free port, so a restart
+never disturbs the shared server other tests use. As root, the server runs as the
+``postgres`` system user, as PostgreSQL requires.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def _bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def available() -> bool:
+    return _bin("initdb") is not None and _bin("pg_ctl") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateCluster:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gyre-pg-"))
+        self.data = self.dir / "data"
+        self.port = _free_port()
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:
+            shutil.chown(self.dir, "postgres", "postgres")
+
+    def _run(self, *args: str) -> None:
+        cmd = list(args)
+        if self._as_postgres:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def init(self) -> PrivateCluster:
+        self._run(str(_bin("initdb")), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        self.start()
+        return self
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
+        self._run(str(_bin("pg_ctl")), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(str(_bin("pg_ctl")), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def destroy(self) -> None:
+        try:
+            self.stop("immediate")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)

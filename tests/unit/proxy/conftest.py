@@ -1,0 +1,29 @@
+"""Fixtures for the engine-layer unit tests: an in-process reference engine behind ASGI."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from gyre_proxy import EngineClient, EngineClientConfig
+from gyre_proxy.refengine import ReferenceEngine, ReferenceEngineConfig, build_app
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ReferenceEngine]:
+    with ReferenceEngine(ReferenceEngineConfig(max_context=256, seed=0)) as running:
+        yield running
+
+
+@pytest.fixture
+async def asgi_client(engine: ReferenceEngine) -> AsyncIterator[EngineClient]:
+    transport = httpx.ASGITransport(app=build_app(engine))
+    async with EngineClient(EngineClientConfig("http://engine"), transport=transport) as client:
+        yield client
