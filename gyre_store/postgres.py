@@ -69,18 +69,19 @@ def translate(exc: psycopg.Error) -> GyreStoreError:
 def row_to_event(registry: EventRegistry, row: Sequence[Any]) -> RecordedEvent:
     """Build a RecordedEvent from a row selected with ``queries._SELECT``'s columns."""
     (pos, stype, sid, sver, etype, schema, eid, key, body, payload, corr, caus, run, policy, at) = row
+    # Positional construction: this runs once per event read, on the hot read path.
     return RecordedEvent(
-        position=pos,
-        stream=StreamId(stype, sid),
-        stream_version=sver,
-        event_type=etype,
-        schema_version=schema,
-        event_id=eid,
-        idempotency_key=key,
-        event=registry.from_body(etype, schema, body),
-        payload=Payload.decode(payload) if payload is not None else None,
-        metadata=EventMetadata(corr, caus, run, policy),
-        recorded_at=at,
+        pos,
+        StreamId(stype, sid),
+        sver,
+        etype,
+        schema,
+        eid,
+        key,
+        registry.from_body(etype, schema, body),
+        Payload.decode(payload) if payload is not None else None,
+        EventMetadata(corr, caus, run, policy),
+        at,
     )
 
 

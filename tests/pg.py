@@ -7,6 +7,7 @@ for real; each test gets a database of its own created from the migrated templat
 from __future__ import annotations
 
 import os
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,8 +19,9 @@ ADMIN_URL = os.environ.get("GYRE_TEST_PG", "postgresql://postgres@127.0.0.1:5432
 
 
 def url_for(dbname: str) -> str:
-    base, _, _ = ADMIN_URL.rpartition("/")
-    return f"{base}/{dbname}"
+    """ADMIN_URL with its database replaced (keeps a ``?host=/socket/dir`` query)."""
+    parts = urllib.parse.urlsplit(ADMIN_URL)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{dbname}"))
 
 
 def admin() -> psycopg.Connection[tuple[object, ...]]:

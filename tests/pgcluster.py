@@ -21,7 +21,15 @@ def _bin(name: str) -> str | None:
     if found:
         return found
     candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return candidates[-1] if candidates else None
+    if candidates:
+        return candidates[-1]
+    try:  # the binaries the embedded-server package ships
+        import pgserver
+
+        shipped = Path(pgserver.__file__).parent / "pginstall" / "bin" / name
+        return str(shipped) if shipped.exists() else None
+    except ImportError:
+        return None
 
 
 def available() -> bool:
