@@ -2,7 +2,8 @@
 
 So far this holds the engine layer: ``EngineClient`` (SGLang's native HTTP API), the
 ``Engine`` protocol with its domain types, the typed errors, and (in ``refengine``) gyre's
-reference engine. ``gyre_proxy.testing`` has the in-memory ``FakeEngine``.
+reference engine. ``gyre_proxy.testing`` has the in-memory ``FakeEngine``;
+``gyre_proxy.engine_weights`` (needs torch) moves weights to engines.
 """
 
 from __future__ import annotations
@@ -17,12 +18,6 @@ from gyre_proxy.engine_types import (
     GenerateResult,
     SamplingConfig,
     WeightUpdate,
-)
-from gyre_proxy.engine_weights import (
-    GYRE_SAFETENSORS_FORMAT,
-    WeightUpdateGroup,
-    serialize_for_sglang,
-    serialize_safetensors,
 )
 from gyre_proxy.exceptions import (
     ContextLengthExceeded,
@@ -41,7 +36,6 @@ from gyre_proxy.exceptions import (
 )
 
 __all__ = [
-    "GYRE_SAFETENSORS_FORMAT",
     "ContextLengthExceeded",
     "Engine",
     "EngineBadRequest",
@@ -65,7 +59,4 @@ __all__ = [
     "ScriptError",
     "WeightUpdate",
     "WeightUpdateFailed",
-    "WeightUpdateGroup",
-    "serialize_for_sglang",
-    "serialize_safetensors",
 ]

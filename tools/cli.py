@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.projections",
     "tools.replay",
     "tools.demo",
+    "tools.engine",
     "tools.simulate",
 )
 

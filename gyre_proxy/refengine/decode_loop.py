@@ -74,8 +74,10 @@ class DecodeLoop:
         context_length: int,
         weight_version: str,
         return_original_logprob: bool = False,
+        torch_threads: int = 1,
     ) -> None:
         self.loaded = loaded
+        self.torch_threads = torch_threads
         self.context_length = context_length
         self.weight_version = weight_version
         self.return_original_logprob = return_original_logprob
@@ -137,6 +139,9 @@ class DecodeLoop:
     # -- the loop thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        # One intra-op thread by default: for a tiny model, OpenMP teams cost more than they
+        # save, and spinning workers starve the HTTP threads (about 10x slower on 2 cores).
+        torch.set_num_threads(self.torch_threads)
         with torch.inference_mode():
             while True:
                 with self._cond:

@@ -45,6 +45,7 @@ class ReferenceEngineConfig:
     script: Path | None = None
     return_original_logprob: bool = False
     incremental_streaming_output: bool = False
+    torch_threads: int = 1
 
 
 class RequestRejected(ReferenceEngineError):
@@ -72,6 +73,7 @@ class ReferenceEngine:
             context_length=self.context_length,
             weight_version=config.weight_version,
             return_original_logprob=config.return_original_logprob,
+            torch_threads=config.torch_threads,
         )
         self.accepting = True
         self.memory_released = False

@@ -193,7 +193,9 @@ async def test_update_weights_from_disk_changes_logprobs_and_version(
             after = await engine.generate(prompt, sampling)
             info = await engine.model_info()
         finally:
-            await engine.update_weights_from_disk(str(original_dir), weight_version=version_before or "default")
+            await engine.update_weights_from_disk(
+                str(original_dir), weight_version=version_before or "default"
+            )
         restored = await engine.generate(prompt, sampling)
     assert after.weight_version == "contract-v2" == info.weight_version
     assert not np.allclose(after.logprobs, before.logprobs, atol=1e-3)

@@ -12,23 +12,25 @@ import pytest
 import torch
 
 from gyre_proxy import (
-    GYRE_SAFETENSORS_FORMAT,
     EngineClient,
     EngineClientConfig,
     EngineUnavailable,
     FinishKind,
     SamplingConfig,
     WeightUpdateFailed,
-    WeightUpdateGroup,
-    serialize_for_sglang,
-    serialize_safetensors,
 )
 from gyre_proxy.engine_api import (
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsFromTensorRequest,
 )
-from gyre_proxy.engine_weights import dtype_name
+from gyre_proxy.engine_weights import (
+    GYRE_SAFETENSORS_FORMAT,
+    WeightUpdateGroup,
+    dtype_name,
+    serialize_for_sglang,
+    serialize_safetensors,
+)
 from gyre_proxy.refengine import ByteTokenizer, ReferenceEngineConfig, ReferenceEngineServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -68,7 +70,9 @@ async def test_scripted_policy_forces_the_tool_call_with_true_logprobs(server: R
     assert tokenizer.decode(free.output_ids.tolist()) != TOOL_CALL[:5]
 
 
-async def test_update_weights_from_tensor_needs_a_session_and_safetensors(server: ReferenceEngineServer) -> None:
+async def test_update_weights_from_tensor_needs_a_session_and_safetensors(
+    server: ReferenceEngineServer,
+) -> None:
     name = "model.norm.weight"
     model = server.engine.loaded.model
     original = model.state_dict()[name].clone()

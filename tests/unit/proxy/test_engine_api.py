@@ -32,11 +32,13 @@ SGLANG_ANSWER = {
 
 def test_generate_request_omits_unset_fields() -> None:
     body = json.loads(engine_api.encode(engine_api.GenerateRequest(input_ids=[1, 2])))
-    assert body == {"input_ids": [1, 2], "sampling_params": {}, "stream": False}
+    assert body == {"input_ids": [1, 2], "sampling_params": {}}
 
 
 def test_sampling_config_round_trips_through_the_wire() -> None:
-    config = SamplingConfig(max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(3, 4), seed=1)
+    config = SamplingConfig(
+        max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=(3, 4), seed=1
+    )
     wire = engine_api.decode(engine_api.encode(config.to_wire()), engine_api.SamplingParams)
     assert SamplingConfig.from_wire(wire) == config
     assert json.loads(engine_api.encode(config.to_wire()))["sampling_seed"] == 1
@@ -75,7 +77,9 @@ def test_unknown_finish_type_is_rejected() -> None:
     stream=st.booleans(),
     max_new=st.none() | st.integers(0, 10_000),
 )
-def test_generate_request_round_trip(ids: list[int], rid: str | None, stream: bool, max_new: int | None) -> None:
+def test_generate_request_round_trip(
+    ids: list[int], rid: str | None, stream: bool, max_new: int | None
+) -> None:
     request = engine_api.GenerateRequest(
         input_ids=ids,
         sampling_params=engine_api.SamplingParams(max_new_tokens=max_new),
@@ -98,4 +102,11 @@ def test_weight_update_bodies_use_sglang_names() -> None:
             )
         )
     )
-    assert set(group) == {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
+    assert set(group) == {
+        "master_address",
+        "master_port",
+        "rank_offset",
+        "world_size",
+        "group_name",
+        "backend",
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 
@@ -29,7 +30,7 @@ def chunks(ids: list[int], cuts: list[int], *, incremental: bool) -> list[str]:
     logprobs = [-float(i) / 8 for i in range(len(ids))]
     bounds = sorted({0, *cuts, len(ids)})
     out = []
-    for start, end in zip(bounds, bounds[1:], strict=False):
+    for start, end in itertools.pairwise(bounds):
         lo = start if incremental else 0
         finish = {"type": "length", "length": len(ids)} if end == len(ids) else None
         out.append(chunk(ids[lo:end], logprobs[lo:end], end, finish))
@@ -50,7 +51,7 @@ def test_cumulative_and_incremental_streams_agree(ids: list[int], cuts: list[int
         assert accumulator.finished
         results.append(([d.output_ids.tolist() for d in got], [d.logprobs.tolist() for d in got]))
     assert results[0] == results[1]
-    assert sum(results[0][0], []) == ids
+    assert [token for delta_ids in results[0][0] for token in delta_ids] == ids
 
 
 def test_final_chunk_without_new_tokens_still_finishes() -> None:
@@ -62,7 +63,9 @@ def test_final_chunk_without_new_tokens_still_finishes() -> None:
 
 
 def test_error_chunk_is_typed() -> None:
-    payload = json.dumps({"error": {"message": "The input (9 tokens) is longer than the model's context length (8 tokens)."}})
+    payload = json.dumps(
+        {"error": {"message": "The input (9 tokens) is longer than the model's context length (8 tokens)."}}
+    )
     with pytest.raises(ContextLengthExceeded):
         StreamAccumulator("r").feed(payload)
 

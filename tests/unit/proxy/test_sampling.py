@@ -1,0 +1,62 @@
+"""Token choice and the reported logprob (SGLang's rules)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre_proxy.engine_types import SamplingConfig
+from gyre_proxy.refengine.sampling import choose
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+
+
+def test_greedy_takes_argmax_with_raw_logprob() -> None:
+    choice = choose(LOGITS, SamplingConfig(temperature=0.0), torch.Generator(), return_original_logprob=False)
+    assert choice.token == 4
+    assert math.isclose(choice.logprob, float(torch.log_softmax(LOGITS, -1)[4]), rel_tol=1e-6)
+
+
+def test_sampled_logprob_is_temperature_scaled_unless_original_requested() -> None:
+    sampling = SamplingConfig(temperature=0.5, top_k=2)
+    scaled = choose(LOGITS, sampling, torch.Generator().manual_seed(0), return_original_logprob=False)
+    original = choose(LOGITS, sampling, torch.Generator().manual_seed(0), return_original_logprob=True)
+    assert scaled.token == original.token
+    # Before top-k renormalisation: the full temperature-scaled softmax.
+    assert math.isclose(
+        scaled.logprob, float(torch.log_softmax(LOGITS / 0.5, -1)[scaled.token]), rel_tol=1e-6
+    )
+    assert math.isclose(original.logprob, float(torch.log_softmax(LOGITS, -1)[original.token]), rel_tol=1e-6)
+
+
+def test_forced_token_reports_its_model_logprob() -> None:
+    choice = choose(LOGITS, SamplingConfig(), torch.Generator(), return_original_logprob=False, forced=3)
+    assert choice.token == 3
+    assert math.isclose(choice.logprob, float(torch.log_softmax(LOGITS, -1)[3]), rel_tol=1e-6)
+
+
+def test_same_seed_same_samples() -> None:
+    def draw(seed: int) -> list[int]:
+        generator = torch.Generator().manual_seed(seed)
+        return [
+            choose(LOGITS, SamplingConfig(), generator, return_original_logprob=False).token
+            for _ in range(30)
+        ]
+
+    assert draw(5) == draw(5)
+    assert len(set(draw(5))) > 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**31), top_k=st.integers(1, 4), top_p=st.floats(0.05, 1.0))
+def test_top_k_and_top_p_never_sample_outside_the_nucleus(seed: int, top_k: int, top_p: float) -> None:
+    sampling = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p)
+    token = choose(LOGITS, sampling, torch.Generator().manual_seed(seed), return_original_logprob=False).token
+    order = torch.argsort(LOGITS, descending=True).tolist()
+    assert order.index(token) < top_k
+    probs = torch.softmax(LOGITS, -1)
+    mass_before = sum(float(probs[t]) for t in order[: order.index(token)])
+    assert mass_before < top_p
