@@ -52,12 +52,14 @@ def to_dict(message: Input | Decision | LogEntry) -> dict[str, Any]:
 
 def input_from_dict(data: dict[str, Any]) -> Input:
     """Inverse of ``to_dict`` for inputs."""
-    return msgspec.convert(data, Input)
+    event: Input = msgspec.convert(data, Input)
+    return event
 
 
 def decision_from_dict(data: dict[str, Any]) -> Decision:
     """Inverse of ``to_dict`` for decisions."""
-    return msgspec.convert(data, Decision)
+    decision: Decision = msgspec.convert(data, Decision)
+    return decision
 
 
 def encode_log(entries: Iterable[LogEntry]) -> bytes:

@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
-from gyre_sched.exceptions import InputOrderError
 from gyre_sched.decisions import (
     BeginTransition,
     CoreAtBurstEnd,
@@ -23,6 +22,7 @@ from gyre_sched.decisions import (
     Reroute,
     StartExecutions,
 )
+from gyre_sched.exceptions import InputOrderError
 
 
 class CommandSink(Protocol):

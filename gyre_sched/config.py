@@ -95,7 +95,9 @@ class SchedConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"phi * B = {self.phi} * {self.batch_groups} must be a whole number of groups"
             )
         if self.policy is PolicyKind.ASYNC and self.pool_capacity == 0:
-            raise CapacityBelowBatchError("Async keeps every cell in training: it needs a rollout pool C_s > 0")
+            raise CapacityBelowBatchError(
+                "Async keeps every cell in training: it needs a rollout pool C_s > 0"
+            )
         batch = self.group_size * self.batch_groups
         if self.max_rollout_capacity < batch:
             raise CapacityBelowBatchError(

@@ -112,7 +112,9 @@ class SchedulerCore:
         """Apply one input; return the decisions it causes. Raises InputOrderError on an
         input that contradicts the state (time going backwards, unknown execution, ...)."""
         if event.at < self._now:
-            raise InputOrderError(f"input at t={event.at} arrived after t={self._now}: inputs must be in time order")
+            raise InputOrderError(
+                f"input at t={event.at} arrived after t={self._now}: inputs must be in time order"
+            )
         self._now = event.at
         if not self._started and not isinstance(event, RunStarted):
             raise InputOrderError(f"{type(event).__name__} before RunStarted")
@@ -137,7 +139,9 @@ class SchedulerCore:
                 out += self._maybe_join()
             case GroupClaimed(step=step):
                 if self._batch_step != step:
-                    raise InputOrderError(f"group claimed for step {step} but the open batch is {self._batch_step}")
+                    raise InputOrderError(
+                        f"group claimed for step {step} but the open batch is {self._batch_step}"
+                    )
                 if self._ready_unclaimed < 1:
                     raise InputOrderError("group claimed with no ready, unclaimed group")
                 self._ready_unclaimed -= 1

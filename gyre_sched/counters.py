@@ -41,12 +41,18 @@ class Counters(msgspec.Struct, frozen=True):
         """
         for name, step in (("d", dispatched), ("p", started), ("f", finished)):
             if step < 0:
-                raise CounterDecreaseError(f"counter {name} would decrease by {-step}: counters never decrease")
+                raise CounterDecreaseError(
+                    f"counter {name} would decrease by {-step}: counters never decrease"
+                )
         new = Counters(self.d + dispatched, self.p + started, self.f + finished)
         if new.p > new.d:
-            raise CounterDecreaseError(f"p={new.p} would exceed d={new.d}: queued count d - p would go negative")
+            raise CounterDecreaseError(
+                f"p={new.p} would exceed d={new.d}: queued count d - p would go negative"
+            )
         if new.f > new.p:
-            raise CounterDecreaseError(f"f={new.f} would exceed p={new.p}: running count p - f would go negative")
+            raise CounterDecreaseError(
+                f"f={new.f} would exceed p={new.p}: running count p - f would go negative"
+            )
         return new
 
     def check_successor(self, later: Counters) -> None:
@@ -54,4 +60,6 @@ class Counters(msgspec.Struct, frozen=True):
         for name in ("d", "p", "f"):
             before, after = getattr(self, name), getattr(later, name)
             if after < before:
-                raise CounterDecreaseError(f"counter {name} went from {before} to {after}: counters never decrease")
+                raise CounterDecreaseError(
+                    f"counter {name} went from {before} to {after}: counters never decrease"
+                )

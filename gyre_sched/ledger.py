@@ -26,9 +26,7 @@ def may_join(waterlevel: int, capacity: int, cell_capacity: int) -> bool:
     return waterlevel <= capacity - cell_capacity
 
 
-def core_may_stay(
-    waterlevel: int, incoming: int, pool_capacity: int, cells: int, cell_capacity: int
-) -> bool:
+def core_may_stay(waterlevel: int, incoming: int, pool_capacity: int, cells: int, cell_capacity: int) -> bool:
     """eq. 3: w + mu N B <= C_s + (K - 1) C_e."""
     return waterlevel + incoming <= pool_capacity + (cells - 1) * cell_capacity
 

@@ -20,12 +20,13 @@ from gyre_sched.commands import carry_out
 from gyre_sched.config import SchedConfig
 from gyre_sched.core import SchedulerCore
 from gyre_sched.decisions import BeginTransition, CoreAtBurstEnd, Direction, DispatchGroups, Placement
+from gyre_sched.exceptions import ConfigError
 from gyre_sched.inputs import (
     ClockTick,
     ExecutionFinished,
     GroupClaimed,
     GroupReady,
-    Input,
+    Outcome,
     RunStarted,
     TransitionDone,
 )
@@ -42,8 +43,6 @@ from gyre_sched.trainer import (
 )
 from gyre_sched.workload import HOUR, WorkloadModel
 
-INPUT_CLASSES = Input.__args__  # type: ignore[attr-defined]
-
 
 @dataclass
 class SimCluster:
@@ -57,7 +56,7 @@ class SimCluster:
     trainer: Trainer
     now: float = 0.0
     pending: list[Scheduled] = field(default_factory=list)
-    duration: dict[int, tuple[float, object]] = field(default_factory=dict)
+    duration: dict[int, tuple[float, Outcome]] = field(default_factory=dict)
     version_of: dict[int, int] = field(default_factory=dict)
     reroutes: int = 0
     core_decisions: list[CoreAtBurstEnd] = field(default_factory=list)
@@ -75,7 +74,7 @@ class SimCluster:
         for placement in placements:
             seconds, outcome = self.duration.pop(placement.execution)
             at = self.now + seconds
-            self.pending.append((at, ExecutionFinished(at, placement.execution, outcome)))  # type: ignore[arg-type]
+            self.pending.append((at, ExecutionFinished(at, placement.execution, outcome)))
 
     def stop_accepting(self, cell: int) -> None:
         pass  # the simulated engine has no admission queue to close
@@ -136,7 +135,7 @@ def simulate(
     sched.validate()
     cluster.validate()
     if steps < 1:
-        raise ValueError("steps must be >= 1")
+        raise ConfigError(f"steps={steps} must be >= 1")
     core = SchedulerCore(sched)
     pool = ReadyPool()
     initial = [c for c, role in enumerate(core.state().roles) if role.value == "train"]
@@ -192,7 +191,9 @@ def simulate(
             if isinstance(decision, BeginTransition):
                 transitions[decision.cell] = len(records)
                 records.append(
-                    TransitionRecord(now, None, decision.cell, decision.direction, decision.w, decision.c_r, decision.c_e)
+                    TransitionRecord(
+                        now, None, decision.cell, decision.direction, decision.w, decision.c_r, decision.c_e
+                    )
                 )
         # the world reacts to the fact after the core has decided on it
         match event:
@@ -217,7 +218,11 @@ def simulate(
                 if done.direction is Direction.TO_TRAIN and core.state().roles[cell].value == "train":
                     push(trainer.add_member(cell, now))
         state = core.state()
-        sample = (state.counters.waterlevel, state.rollout_capacity - sched.cell_capacity, state.training_cells)
+        sample = (
+            state.counters.waterlevel,
+            state.rollout_capacity - sched.cell_capacity,
+            state.training_cells,
+        )
         if sample != last_sample:
             water.append(WaterlevelSample(now, *sample))
             last_sample = sample

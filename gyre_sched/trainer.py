@@ -4,7 +4,9 @@ Ready groups are handed out oldest dispatch wave first (a wave is what one bound
 dispatch admitted), which is "prefer the oldest policy version" taken strictly.
 With streaming, any training cell claims micro-steps of the open batch as soon as a
 group is ready; without it, a batch starts only with all B groups ready, on the cells
-training at that moment. Returns what to schedule; it never touches a clock itself.
+training at that moment, and the first batch of a burst waits for the whole burst's
+mu B groups (the global shuffle that non-streaming training exists for needs them
+all). Returns what to schedule; it never touches a clock itself.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ class Phase(enum.Enum):
 class Trainer:
     """Batches of B groups processed by whichever cells hold the training role."""
 
-    def __init__(self, sched: SchedConfig, cluster: ClusterConfig, pool: ReadyPool, members: Iterable[int]) -> None:
+    def __init__(
+        self, sched: SchedConfig, cluster: ClusterConfig, pool: ReadyPool, members: Iterable[int]
+    ) -> None:
         self._sched = sched
         self._cluster = cluster
         self._pool = pool
@@ -152,7 +156,9 @@ class Trainer:
                 if self._queue > 0:
                     out.append(self._work(cell, now))
         else:
-            if self._participants is None and self._members and self._pool.batch_ready(b):
+            # The rest of the burst must be ready: mu B groups for its first batch.
+            need = b * (self._sched.mu - self.step % self._sched.mu)
+            if self._participants is None and self._members and self._pool.batch_ready(need):
                 out.extend(self._claim(now) for _ in range(b))
                 self._queue = b * m
                 self._participants = set(self._members)

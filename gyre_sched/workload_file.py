@@ -56,7 +56,8 @@ def workload_from_rows(rows: Sequence[Mapping[str, Any]], label: str) -> Empiric
         key = str(row["query"]) if has_query else ""
         queries.setdefault(key, []).append((_duration(row, where), _outcome(row, where)))
     groups = tuple(
-        GroupSample(tuple(d for d, _ in items), tuple(o for _, o in items)) for _, items in sorted(queries.items())
+        GroupSample(tuple(d for d, _ in items), tuple(o for _, o in items))
+        for _, items in sorted(queries.items())
     )
     return EmpiricalWorkload(label=label, groups=groups, by_query=has_query)
 
