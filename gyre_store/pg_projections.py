@@ -143,6 +143,23 @@ class PostgresProjectionStore:
             cur = conn.cursor(row_factory=psycopg.rows.dict_row)
             return [dict(r) for r in cur.execute(query).fetchall()]
 
+    def select(self, table: str, column: str, value: Any) -> list[Row]:
+        t = self.tables[table]
+        if column not in t.columns:
+            raise ConfigError(f"{table} has no column {column!r}")
+        order = [c.name for c in t.primary_key.columns]
+        query = sql.SQL("SELECT * FROM {} WHERE {} = %s ORDER BY {}").format(
+            sql.Identifier(self.schema, table),
+            sql.Identifier(column),
+            sql.SQL(", ").join(map(sql.Identifier, order)),
+        )
+        try:
+            with self._pool.connection() as conn:
+                cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+                return [dict(r) for r in cur.execute(query, (value,)).fetchall()]
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
     def create_schema(self) -> None:
         """Create this store's schema as empty copies of the live projection tables."""
         if self.schema == "public":

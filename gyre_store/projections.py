@@ -109,6 +109,10 @@ class ProjectionStore(Protocol):
         """All rows of ``table`` sorted by primary key (for tests, replay output, audits)."""
         ...
 
+    def select(self, table: str, column: str, value: Any) -> list[Row]:
+        """Committed rows of ``table`` whose ``column`` equals ``value``, by primary key."""
+        ...
+
 
 class Projection(ABC):
     """A fold of events into rows. Subclasses set ``name``, ``tables`` and ``event_types``."""

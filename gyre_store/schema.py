@@ -101,3 +101,65 @@ policy_versions = sa.Table(
     sa.Column("published_position", sa.BigInteger, nullable=False),
     sa.PrimaryKeyConstraint("run_id", "policy_version", name="gyre_policy_versions_pk"),
 )
+
+# --- trajectory trees: one radix tree of token nodes per execution ---
+
+tree_nodes = sa.Table(
+    "gyre_tree_nodes",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("node_id", sa.Integer, nullable=False),
+    sa.Column("parent_id", sa.Integer, nullable=True),
+    sa.Column("root_id", sa.Integer, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("start", sa.BigInteger, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),
+    sa.Column("tokens", pg.BYTEA, nullable=False),
+    sa.Column("provenance", pg.BYTEA, nullable=False),
+    sa.Column("logprobs", pg.BYTEA, nullable=True),
+    sa.Column("trainable", pg.BYTEA, nullable=True),
+    sa.Column("msg_ends", pg.BYTEA, nullable=False),
+    sa.Column("path_trainable", sa.BigInteger, nullable=False),
+    sa.Column("path_messages", sa.Integer, nullable=False),
+    sa.Column("children", sa.Integer, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.PrimaryKeyConstraint("execution_id", "node_id", name="gyre_tree_nodes_pk"),
+    sa.Index("gyre_tree_nodes_parent_ix", "execution_id", "parent_id"),
+)
+
+tree_records = sa.Table(
+    "gyre_tree_records",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.Column("output_node", sa.Integer, nullable=False),
+    sa.Column("input_len", sa.BigInteger, nullable=False),
+    sa.Column("output_len", sa.Integer, nullable=False),
+    sa.Column("new_input_len", sa.Integer, nullable=False),
+    sa.Column("prefix_of", sa.Text, nullable=True),
+    sa.Column("prefix_len", sa.BigInteger, nullable=False),
+    sa.Column("retry_of", sa.Text, nullable=True),
+    sa.Column("superseded", sa.Boolean, nullable=False),
+    sa.Column("agent_kind", sa.Text, nullable=False),
+    sa.Column("agent_id", sa.Text, nullable=False),
+    sa.Column("purpose", sa.Text, nullable=False),
+    sa.Column("leaf_class", sa.Text, nullable=False),
+    sa.Column("finish", sa.Text, nullable=False),
+    sa.Column("engine", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.BigInteger, nullable=True),
+    sa.PrimaryKeyConstraint("execution_id", "request_id", name="gyre_tree_records_pk"),
+    sa.Index("gyre_tree_records_node_ix", "execution_id", "output_node"),
+)
+
+tree_state = sa.Table(
+    "gyre_tree_state",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("next_node", sa.Integer, nullable=False),
+    sa.Column("records", sa.Integer, nullable=False),
+    sa.Column("first_root", sa.Integer, nullable=True),
+    sa.PrimaryKeyConstraint("execution_id", name="gyre_tree_state_pk"),
+)

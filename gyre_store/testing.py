@@ -194,3 +194,7 @@ class InMemoryProjectionStore:
 
     def dump(self, table: str) -> list[Row]:
         return [dict(self.data[table][k]) for k in sorted(self.data[table])]
+
+    def select(self, table: str, column: str, value: object) -> list[Row]:
+        data = self.data[table]
+        return [dict(data[k]) for k in sorted(data) if data[k].get(column) == value]

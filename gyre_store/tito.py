@@ -78,10 +78,11 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True):
     spawned_by: str | None = None  # the tool-call id of the Agent call that started this sub-agent
     purpose: CallPurpose = CallPurpose.TURN
     system_sha: str = ""  # identity of the system prompt
+    context_hash: str = ""  # hex hash of the whole input context, so an identical retry matches it
     harness: str = ""
     finish: CallFinish = CallFinish.STOP
     engine: str = ""
-    weight_versions: list[tuple[NonNegative, NonNegative]] = []  # (first output token, version)
+    weight_versions: tuple[tuple[NonNegative, NonNegative], ...] = ()  # (first output token, version)
     started_at: float = 0.0
     first_token_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     duration_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
@@ -128,7 +129,7 @@ class TitoArrays:
         for name, dtype in RECORD_ARRAYS.items():
             if arrays[name].dtype != dtype:
                 raise MalformedEvent(f"model-call array {name} must be {dtype}, got {arrays[name].dtype}")
-        return cls(**arrays)  # type: ignore[arg-type]
+        return cls(**arrays)
 
     @property
     def input_len(self) -> int:
@@ -144,16 +145,22 @@ def validate(event: ModelCallRecorded, arrays: TitoArrays) -> None:
     where = f"record {event.request_id} of execution {event.execution_id}"
     n_in, n_out = arrays.input_len, arrays.output_len
     if arrays.input_prov.shape[0] != n_in:
-        raise MalformedEvent(f"{where}: {n_in} input tokens but {arrays.input_prov.shape[0]} provenance entries")
+        raise MalformedEvent(
+            f"{where}: {n_in} input tokens but {arrays.input_prov.shape[0]} provenance entries"
+        )
     for name in ("output_logprobs", "output_prov", "output_trainable"):
         if getattr(arrays, name).shape[0] != n_out:
-            raise MalformedEvent(f"{where}: {n_out} output tokens but {getattr(arrays, name).shape[0]} in {name}")
+            raise MalformedEvent(
+                f"{where}: {n_out} output tokens but {getattr(arrays, name).shape[0]} in {name}"
+            )
     if arrays.msg_hashes.shape[0] != HASH_WORDS * arrays.msg_ends.shape[0]:
         raise MalformedEvent(f"{where}: msg_hashes must hold {HASH_WORDS} words per entry of msg_ends")
     if arrays.output_hash.shape[0] not in (0, HASH_WORDS):
         raise MalformedEvent(f"{where}: output_hash must be empty or {HASH_WORDS} words")
     valid_codes = max(Provenance)
-    if n_in and int(arrays.input_prov.max()) > valid_codes or n_out and int(arrays.output_prov.max()) > valid_codes:
+    if (n_in and int(arrays.input_prov.max()) > valid_codes) or (
+        n_out and int(arrays.output_prov.max()) > valid_codes
+    ):
         raise MalformedEvent(f"{where}: unknown provenance code")
     if np.any(arrays.input_prov == Provenance.SAMPLED):
         raise MalformedEvent(
@@ -182,7 +189,9 @@ def validate(event: ModelCallRecorded, arrays: TitoArrays) -> None:
         raise MalformedEvent(f"{where}: a model call needs at least one input token")
 
 
-def new_record(event: ModelCallRecorded, arrays: TitoArrays, *, metadata: EventMetadata | None = None) -> NewEvent:
+def new_record(
+    event: ModelCallRecorded, arrays: TitoArrays, *, metadata: EventMetadata | None = None
+) -> NewEvent:
     """A validated, idempotent NewEvent for one record (the key is execution + request id)."""
     validate(event, arrays)
     return NewEvent(

@@ -21,6 +21,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.demo",
     "tools.engine",
     "tools.simulate",
+    "tools.tracegen",
+    "tools.trees",
 )
 
 

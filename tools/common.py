@@ -12,6 +12,7 @@ from rich.console import Console
 
 from gyre_store import PostgresEventLog, ProjectionSet, StoreConfig, lifecycle_projections, migrate
 from gyre_store.embedded import Services, default_data_dir, services
+from gyre_store.trees import TreeProjection
 from tools.cli import add_env_argument
 
 console = Console(highlight=False)
@@ -47,7 +48,7 @@ class Opened:
 
 def all_projections() -> ProjectionSet:
     """Every projection gyre maintains, from all packages."""
-    return ProjectionSet(list(lifecycle_projections()))
+    return ProjectionSet([*lifecycle_projections(), TreeProjection()])
 
 
 @contextlib.contextmanager

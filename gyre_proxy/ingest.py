@@ -1,0 +1,116 @@
+"""From a request and its answer to a stored TITO record.
+
+``Ingestor.prepare`` matches and encodes a request against the execution's stored tree
+and classifies it with the harness plug-in; ``Ingestor.record`` turns the engine's output
+into a validated record and appends it. The proxy core and the trace generator both go
+through here, so synthetic traces are stored exactly as real ones are.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gyre_store.events import AppendResult, EventMetadata
+from gyre_store.recorder import TrajectoryRecorder
+from gyre_store.tito import CallFinish, ModelCallRecorded, Provenance, TitoArrays
+
+from .chat_template import Qwen3Template
+from .harness import CallTraits, HarnessPlugin
+from .incremental import EncodedRequest, encode_request, output_hash
+from .messages import ChatRequest, Message
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    execution_id: str
+    run_id: str
+    request: ChatRequest
+    encoded: EncodedRequest
+    traits: CallTraits
+
+
+class Ingestor:
+    """Encodes requests incrementally and records their outputs, per execution."""
+
+    def __init__(self, recorder: TrajectoryRecorder, template: Qwen3Template, plugin: HarnessPlugin) -> None:
+        self.recorder = recorder
+        self.template = template
+        self.plugin = plugin
+
+    def prepare(self, execution_id: str, run_id: str, request: ChatRequest) -> Prepared:
+        ctx = self.recorder.context(execution_id)
+        encoded = encode_request(ctx, self.template, request)
+        traits = self.plugin.classify(ctx, request, encoded.system_sha)
+        return Prepared(execution_id, run_id, request, encoded, traits)
+
+    def input_ids(self, prepared: Prepared, prefix_tokens: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        """The full input for the engine: the stored prefix tokens, then the new ones."""
+        return np.concatenate([prefix_tokens[: prepared.encoded.prefix_len], prepared.encoded.new_ids])
+
+    def record(
+        self,
+        prepared: Prepared,
+        *,
+        request_id: str,
+        output_ids: npt.NDArray[np.int32],
+        output_logprobs: npt.NDArray[np.float32],
+        assistant: Message | None,
+        finish: CallFinish,
+        engine: str = "",
+        weight_versions: tuple[tuple[int, int], ...] = (),
+        retry_of: str | None = None,
+        started_at: float | None = None,
+        first_token_s: float = 0.0,
+        duration_s: float = 0.0,
+        metadata: EventMetadata | None = None,
+    ) -> AppendResult:
+        """Append the record of one answered (or aborted) call.
+
+        ``assistant`` is the answer as the harness receives it; None for an aborted call
+        the harness never saw (its output is kept, but not trainable and not indexed).
+        """
+        enc = prepared.encoded
+        n_out = int(output_ids.shape[0])
+        aborted = finish == CallFinish.ABORT
+        arrays = TitoArrays(
+            input_ids=enc.new_ids,
+            input_prov=enc.new_prov,
+            msg_ends=enc.msg_ends,
+            msg_hashes=enc.msg_hashes,
+            output_ids=np.asarray(output_ids, dtype=np.int32),
+            output_logprobs=np.asarray(output_logprobs, dtype=np.float32),
+            output_prov=np.full(n_out, Provenance.SAMPLED, dtype=np.uint8),
+            output_trainable=np.full(n_out, not aborted, dtype=np.bool_),
+            output_hash=output_hash(enc, assistant)
+            if assistant is not None and not aborted
+            else np.zeros(0, np.uint32),
+        )
+        event = ModelCallRecorded(
+            execution_id=prepared.execution_id,
+            run_id=prepared.run_id,
+            request_id=request_id,
+            prefix_of=None if enc.prefix is None else enc.prefix.request_id,
+            prefix_len=enc.prefix_len,
+            retry_of=retry_of,
+            agent_kind=prepared.traits.agent_kind,
+            agent_id=prepared.traits.agent_id,
+            spawned_by=prepared.traits.spawned_by,
+            purpose=prepared.traits.purpose,
+            system_sha=enc.system_sha,
+            context_hash=enc.context_hash.hex(),
+            harness=self.plugin.name,
+            finish=finish,
+            engine=engine,
+            weight_versions=weight_versions,
+            started_at=time.time() if started_at is None else started_at,
+            first_token_s=first_token_s,
+            duration_s=duration_s,
+        )
+        result = self.recorder.record(event, arrays, metadata)
+        if assistant is not None:
+            self.plugin.observe_output(prepared.execution_id, assistant)
+        return result
