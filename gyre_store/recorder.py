@@ -48,7 +48,9 @@ class ExecutionContext:
             self.index.setdefault(words.tobytes(), PrefixPoint(event.request_id, int(end), False))
         if event.context_hash:
             input_end = event.prefix_len + arrays.input_len
-            self.index.setdefault(bytes.fromhex(event.context_hash), PrefixPoint(event.request_id, input_end, False))
+            self.index.setdefault(
+                bytes.fromhex(event.context_hash), PrefixPoint(event.request_id, input_end, False)
+            )
         if arrays.output_hash.shape[0]:
             self.index.setdefault(arrays.output_hash.tobytes(), PrefixPoint(event.request_id, full, True))
 

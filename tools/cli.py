@@ -76,7 +76,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except _domain_errors() as exc:
+        # Errors a user can act on get one line, not a traceback.
+        print(f"gyre: error: {exc}", file=sys.stderr)
+        return 2
     return status
+
+
+def _domain_errors() -> tuple[type[Exception], ...]:
+    roots: list[type[Exception]] = []
+    for module, name in (
+        ("gyre_store.exceptions", "GyreStoreError"),
+        ("gyre_proxy.exceptions", "GyreProxyError"),
+        ("gyre_sched.exceptions", "GyreSchedError"),
+        ("gyre_train.exceptions", "GyreTrainError"),
+    ):
+        try:
+            roots.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(roots)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from gyre_store.catalog import REGISTRY, ExecutionDispatched
 
 def batch_of(n: int, tag: str) -> list[NewEvent]:
     return [
-        NewEvent(ExecutionDispatched(execution_id=f"{tag}-{i}", run_id="crash", group_id=tag, policy_version=0))
+        NewEvent(
+            ExecutionDispatched(execution_id=f"{tag}-{i}", run_id="crash", group_id=tag, policy_version=0)
+        )
         for i in range(n)
     ]
 

@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[3]
 @contextlib.contextmanager
 def spawn(url: str, mode: str) -> Iterator[subprocess.Popen[str]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen([sys.executable, str(CHILD), url, mode], stdout=subprocess.PIPE, text=True, env=env) as child:
+    with subprocess.Popen(
+        [sys.executable, str(CHILD), url, mode], stdout=subprocess.PIPE, text=True, env=env
+    ) as child:
         try:
             yield child
         finally:
@@ -40,7 +42,9 @@ def assert_gapless(log: PostgresEventLog) -> None:
     assert positions == list(range(1, len(positions) + 1))
 
 
-def test_writer_killed_mid_batch_leaves_no_partial_batch_and_no_gap(pg_log: PostgresEventLog, database_url: str) -> None:
+def test_writer_killed_mid_batch_leaves_no_partial_batch_and_no_gap(
+    pg_log: PostgresEventLog, database_url: str
+) -> None:
     pg_log.append([NewEvent(ExecutionStarted(execution_id="before", run_id="crash", engine="e"))])
     with spawn(database_url, "mid-batch") as child:
         assert child.stdout is not None
@@ -63,7 +67,9 @@ def test_writer_killed_mid_batch_leaves_no_partial_batch_and_no_gap(pg_log: Post
     assert_gapless(pg_log)
 
 
-def test_writer_killed_at_a_random_moment_leaves_whole_batches_only(pg_log: PostgresEventLog, database_url: str) -> None:
+def test_writer_killed_at_a_random_moment_leaves_whole_batches_only(
+    pg_log: PostgresEventLog, database_url: str
+) -> None:
     with spawn(database_url, "loop") as child:
         assert child.stdout is not None
         for _ in range(5):
@@ -107,7 +113,11 @@ def test_concurrent_writers_to_one_stream_exactly_one_wins_each_version(database
 
 def test_the_first_to_take_a_position_commits_first(pg_log: PostgresEventLog, database_url: str) -> None:
     """Overlapping commits, case 1: T1 holds the append lock; T2 must wait and land after it."""
-    encoded = [REGISTRY.encode(NewEvent(ExecutionDispatched(execution_id="t1", run_id="o", group_id="g", policy_version=0)))]
+    encoded = [
+        REGISTRY.encode(
+            NewEvent(ExecutionDispatched(execution_id="t1", run_id="o", group_id="g", policy_version=0))
+        )
+    ]
     t2_done = threading.Event()
     t2_position: list[int] = []
     with psycopg.connect(database_url) as t1:
@@ -116,7 +126,9 @@ def test_the_first_to_take_a_position_commits_first(pg_log: PostgresEventLog, da
         pg_log.copy_rows(t1, encoded, results)
 
         def t2() -> None:
-            [r] = pg_log.append([NewEvent(ExecutionDispatched(execution_id="t2", run_id="o", group_id="g", policy_version=0))])
+            [r] = pg_log.append(
+                [NewEvent(ExecutionDispatched(execution_id="t2", run_id="o", group_id="g", policy_version=0))]
+            )
             t2_position.append(r.position)
             t2_done.set()
 
@@ -153,7 +165,11 @@ def test_a_tailing_reader_never_skips_under_concurrent_writers(database_url: str
                 size = 1 + (w + b) % 6  # mixes the function path and the COPY path
                 log.append(
                     [
-                        NewEvent(ExecutionDispatched(execution_id=f"w{w}-{b}-{i}", run_id="t", group_id="g", policy_version=0))
+                        NewEvent(
+                            ExecutionDispatched(
+                                execution_id=f"w{w}-{b}-{i}", run_id="t", group_id="g", policy_version=0
+                            )
+                        )
                         for i in range(size)
                     ]
                 )
@@ -168,8 +184,12 @@ def test_a_tailing_reader_never_skips_under_concurrent_writers(database_url: str
     assert seen == list(range(1, total + 1))
 
 
-@pytest.mark.parametrize("statement", ["UPDATE gyre_events SET run_id = 'x'", "DELETE FROM gyre_events", "TRUNCATE gyre_events"])
-def test_the_database_itself_refuses_to_change_history(pg_log: PostgresEventLog, database_url: str, statement: str) -> None:
+@pytest.mark.parametrize(
+    "statement", ["UPDATE gyre_events SET run_id = 'x'", "DELETE FROM gyre_events", "TRUNCATE gyre_events"]
+)
+def test_the_database_itself_refuses_to_change_history(
+    pg_log: PostgresEventLog, database_url: str, statement: str
+) -> None:
     pg_log.append([NewEvent(ExecutionStarted(execution_id="e", run_id="r", engine="x"))])
     with psycopg.connect(database_url, autocommit=True) as conn:
         with pytest.raises(psycopg.DatabaseError) as info:
@@ -185,10 +205,16 @@ def as_role(url: str, role: str) -> str:
 def test_writer_role_may_only_insert_and_select(database_url: str) -> None:
     with PostgresEventLog(StoreConfig(as_role(database_url, "gyre_writer"), copy_threshold=2)) as log:
         log.append([NewEvent(ExecutionStarted(execution_id="e", run_id="r", engine="x"))])  # function path
-        log.append([NewEvent(ExecutionStarted(execution_id=f"c{i}", run_id="r", engine="x")) for i in range(3)])  # COPY
+        log.append(
+            [NewEvent(ExecutionStarted(execution_id=f"c{i}", run_id="r", engine="x")) for i in range(3)]
+        )  # COPY
         assert log.head() == 4
     with psycopg.connect(as_role(database_url, "gyre_writer"), autocommit=True) as conn:
-        for statement in ("UPDATE gyre_events SET run_id = 'x'", "DELETE FROM gyre_events", "TRUNCATE gyre_events"):
+        for statement in (
+            "UPDATE gyre_events SET run_id = 'x'",
+            "DELETE FROM gyre_events",
+            "TRUNCATE gyre_events",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
 
@@ -200,7 +226,9 @@ def test_auditor_role_may_only_read(pg_log: PostgresEventLog, database_url: str)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO gyre_checkpoints (name, position) VALUES ('x', 1)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT * FROM gyre_append_v1(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+            conn.execute(
+                "SELECT * FROM gyre_append_v1(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+            )
     with PostgresEventLog(StoreConfig(as_role(database_url, "gyre_auditor"))) as log:
         from gyre_store import GyreStoreError
 

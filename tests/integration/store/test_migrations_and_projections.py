@@ -84,8 +84,15 @@ def test_rebuild_equals_incremental_on_postgres(pg_template: str, events: list[N
 def test_replay_schema_leaves_live_projections_alone(pg_log: PostgresEventLog) -> None:
     from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
 
-    pg_log.append([NewEvent(ExecutionDispatched(execution_id=f"e{i}", run_id="r", group_id="g", policy_version=0)) for i in range(3)])
-    pg_log.append([NewEvent(ExecutionStarted(execution_id=f"e{i}", run_id="r", engine="c0")) for i in range(3)])
+    pg_log.append(
+        [
+            NewEvent(ExecutionDispatched(execution_id=f"e{i}", run_id="r", group_id="g", policy_version=0))
+            for i in range(3)
+        ]
+    )
+    pg_log.append(
+        [NewEvent(ExecutionStarted(execution_id=f"e{i}", run_id="r", engine="c0")) for i in range(3)]
+    )
     projections = lifecycle_projections()
     live = PostgresProjectionStore(pg_log.pool, projections.tables())
     for p in projections:

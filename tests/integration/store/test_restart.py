@@ -12,7 +12,9 @@ from gyre_store import NewEvent, PostgresEventLog, RetryPolicy, StoreConfig, Sto
 from gyre_store.catalog import ExecutionStarted
 from tests import pgcluster
 
-pytestmark = pytest.mark.skipif(not pgcluster.available(), reason="PostgreSQL server binaries (initdb, pg_ctl) not found")
+pytestmark = pytest.mark.skipif(
+    not pgcluster.available(), reason="PostgreSQL server binaries (initdb, pg_ctl) not found"
+)
 
 
 @pytest.fixture
@@ -24,12 +26,18 @@ def cluster() -> Iterator[pgcluster.PrivateCluster]:
 
 
 def event(i: int) -> NewEvent:
-    return NewEvent(ExecutionStarted(execution_id=f"e{i}", run_id="restart", engine="x"), idempotency_key=f"start-e{i}")
+    return NewEvent(
+        ExecutionStarted(execution_id=f"e{i}", run_id="restart", engine="x"), idempotency_key=f"start-e{i}"
+    )
 
 
-def test_appends_with_keys_survive_a_restart_without_loss_or_duplicates(cluster: pgcluster.PrivateCluster) -> None:
+def test_appends_with_keys_survive_a_restart_without_loss_or_duplicates(
+    cluster: pgcluster.PrivateCluster,
+) -> None:
     total = 300
-    config = StoreConfig(cluster.url, retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.5, give_up_after_s=60))
+    config = StoreConfig(
+        cluster.url, retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.5, give_up_after_s=60)
+    )
     halfway, stopped = threading.Event(), threading.Event()
 
     def restart() -> None:

@@ -92,7 +92,10 @@ class EventLogContract:
             [
                 NewEvent(dispatched("e"), expected_version=0),
                 NewEvent(started("e"), expected_version=1),
-                NewEvent(ExecutionFinished(execution_id="e", run_id="r1", reason=FinishReason.COMPLETED), expected_version=2),
+                NewEvent(
+                    ExecutionFinished(execution_id="e", run_id="r1", reason=FinishReason.COMPLETED),
+                    expected_version=2,
+                ),
             ]
         )
         assert [r.stream_version for r in results] == [1, 2, 3]
@@ -108,7 +111,12 @@ class EventLogContract:
         assert log.head() == size
 
     def test_duplicate_key_inside_one_batch_lands_once(self, log: EventLog) -> None:
-        results = log.append([NewEvent(dispatched("a"), idempotency_key="same"), NewEvent(started("a"), idempotency_key="same")])
+        results = log.append(
+            [
+                NewEvent(dispatched("a"), idempotency_key="same"),
+                NewEvent(started("a"), idempotency_key="same"),
+            ]
+        )
         assert results[1].duplicate and results[1].position == results[0].position
         assert log.head() == 1
 
@@ -120,7 +128,9 @@ class EventLogContract:
         assert res.duplicate and res.position == 1
 
     def test_read_filters_by_until_types_and_limit(self, log: EventLog) -> None:
-        log.append([NewEvent(dispatched(f"e{i}")) for i in range(6)] + [NewEvent(started(f"e{i}")) for i in range(6)])
+        log.append(
+            [NewEvent(dispatched(f"e{i}")) for i in range(6)] + [NewEvent(started(f"e{i}")) for i in range(6)]
+        )
         assert [e.position for e in log.read(0, until=4)] == [1, 2, 3, 4]
         assert [e.position for e in log.read(2, limit=3)] == [3, 4, 5]
         assert [e.position for e in log.read(0, types=["execution.started"])] == list(range(7, 13))
@@ -133,19 +143,25 @@ class EventLogContract:
         assert [e.stream_version for e in log.read_stream(StreamId("execution", "a"), after_version=1)] == [2]
         assert log.read_stream(StreamId("execution", "nope")) == []
 
-    def test_malformed_unknown_and_oversize_events_are_rejected_and_nothing_changes(self, log: EventLog) -> None:
+    def test_malformed_unknown_and_oversize_events_are_rejected_and_nothing_changes(
+        self, log: EventLog
+    ) -> None:
         log.append([NewEvent(dispatched("kept"))])
         bad_type = ExecutionDispatched(execution_id="x", run_id="r1", group_id="g", policy_version="zero")  # type: ignore[arg-type]
         with pytest.raises(MalformedEvent, match="policy_version"):
             log.append([NewEvent(dispatched("ok")), NewEvent(bad_type)])
         with pytest.raises(MalformedEvent):
-            log.append([NewEvent(ExecutionDispatched(execution_id="", run_id="r1", group_id="g", policy_version=0))])
+            log.append(
+                [NewEvent(ExecutionDispatched(execution_id="", run_id="r1", group_id="g", policy_version=0))]
+            )
         with pytest.raises(UnknownEventType):
             log.append([NewEvent(Unregistered(x=1))])
         with pytest.raises(UnknownEventType):
             log.registry.from_dict("no.such.type", {})
         with pytest.raises(MalformedEvent, match="reason"):
-            log.registry.from_dict("execution.finished", {"execution_id": "e", "run_id": "r", "reason": "bored"})
+            log.registry.from_dict(
+                "execution.finished", {"execution_id": "e", "run_id": "r", "reason": "bored"}
+            )
         huge = Payload(ids=np.zeros((70 << 20) // 4, dtype=np.int32))
         with pytest.raises(PayloadTooLarge, match="limit"):
             log.append([NewEvent(dispatched("big"), payload=huge)])
@@ -168,7 +184,9 @@ class EventLogContract:
             seen.extend(e.position for e in batch)
         assert seen == [1, 2, 3, 4, 5]
         log.append([NewEvent(started(f"e{i}")) for i in range(3)])
-        resumed = [e.position for b in subscribe(log, seen[-1], poll_s=0.05, stop_after_idle_s=0.1) for e in b]
+        resumed = [
+            e.position for b in subscribe(log, seen[-1], poll_s=0.05, stop_after_idle_s=0.1) for e in b
+        ]
         assert resumed == [6, 7, 8]
 
     def test_filtered_subscription_skips_unrelated_events(self, log: EventLog) -> None:

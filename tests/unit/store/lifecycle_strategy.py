@@ -29,7 +29,16 @@ def lifecycle_events(draw: st.DrawFn) -> list[NewEvent]:
         if kind == "dispatch":
             eid = f"{run}-e{len(states)}"
             states[eid] = "queued"
-            out.append(NewEvent(ExecutionDispatched(execution_id=eid, run_id=run, group_id=f"{run}-g{len(states) // 4}", policy_version=version.get(run, 0))))
+            out.append(
+                NewEvent(
+                    ExecutionDispatched(
+                        execution_id=eid,
+                        run_id=run,
+                        group_id=f"{run}-g{len(states) // 4}",
+                        policy_version=version.get(run, 0),
+                    )
+                )
+            )
         elif kind in ("start", "finish"):
             want = "queued" if kind == "start" else "running"
             candidates = sorted(e for e, s in states.items() if s == want and e.startswith(run))
@@ -38,10 +47,22 @@ def lifecycle_events(draw: st.DrawFn) -> list[NewEvent]:
             eid = draw(st.sampled_from(candidates))
             if kind == "start":
                 states[eid] = "running"
-                out.append(NewEvent(ExecutionStarted(execution_id=eid, run_id=run, engine=draw(st.sampled_from(["c0", "c1"])))))
+                out.append(
+                    NewEvent(
+                        ExecutionStarted(
+                            execution_id=eid, run_id=run, engine=draw(st.sampled_from(["c0", "c1"]))
+                        )
+                    )
+                )
             else:
                 states[eid] = "done"
-                out.append(NewEvent(ExecutionFinished(execution_id=eid, run_id=run, reason=draw(st.sampled_from(list(FinishReason))))))
+                out.append(
+                    NewEvent(
+                        ExecutionFinished(
+                            execution_id=eid, run_id=run, reason=draw(st.sampled_from(list(FinishReason)))
+                        )
+                    )
+                )
         elif kind == "cell":
             cell = draw(st.integers(0, 2))
             prev = roles.get((run, cell), CellRole.ROLLOUT)
@@ -52,5 +73,7 @@ def lifecycle_events(draw: st.DrawFn) -> list[NewEvent]:
             version[run] = version.get(run, 0) + 1
             out.append(NewEvent(WeightsPublished(run_id=run, policy_version=version[run], step=version[run])))
         else:  # an event for an execution the log never saw dispatched
-            out.append(NewEvent(ExecutionStarted(execution_id=f"{run}-stray{len(out)}", run_id=run, engine="c9")))
+            out.append(
+                NewEvent(ExecutionStarted(execution_id=f"{run}-stray{len(out)}", run_id=run, engine="c9"))
+            )
     return out

@@ -57,13 +57,20 @@ def test_rebuild_equals_incremental(events: list[NewEvent], chunks: list[int], b
 
 def test_counters_match_the_lifecycle_and_replay_shows_the_past() -> None:
     log = InMemoryEventLog()
-    log.append([NewEvent(ExecutionDispatched(execution_id=f"e{i}", run_id="r", group_id="g", policy_version=0)) for i in range(4)])
+    log.append(
+        [
+            NewEvent(ExecutionDispatched(execution_id=f"e{i}", run_id="r", group_id="g", policy_version=0))
+            for i in range(4)
+        ]
+    )
     middle = log.head()
     log.append([NewEvent(ExecutionStarted(execution_id=f"e{i}", run_id="r", engine="c0")) for i in range(3)])
     counters = lifecycle_projections().get("counters")
     store = InMemoryProjectionStore({t.name: t for t in counters.tables})
     catch_up(log, store, counters)
-    assert store.dump("gyre_counters") == [{"run_id": "r", "dispatched": 4, "started": 3, "finished": 0, "as_of_position": 7}]
+    assert store.dump("gyre_counters") == [
+        {"run_id": "r", "dispatched": 4, "started": 3, "finished": 0, "as_of_position": 7}
+    ]
     past = InMemoryProjectionStore({t.name: t for t in counters.tables})
     rebuild(log, past, counters, until=middle)
     assert past.dump("gyre_counters")[0]["started"] == 0
@@ -78,7 +85,13 @@ class Exploding(Projection):
     def apply(self, rows: RowStore, event: RecordedEvent) -> None:
         if event.event_type == "execution.started":
             raise RuntimeError("boom")
-        row = rows.get("gyre_counters", "r") or {"run_id": "r", "dispatched": 0, "started": 0, "finished": 0, "as_of_position": 0}
+        row = rows.get("gyre_counters", "r") or {
+            "run_id": "r",
+            "dispatched": 0,
+            "started": 0,
+            "finished": 0,
+            "as_of_position": 0,
+        }
         row["dispatched"] += 1
         rows.put("gyre_counters", row)
 
