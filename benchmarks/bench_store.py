@@ -31,7 +31,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gyre_store import (  # noqa: E402
+from gyre_store import (
     NewEvent,
     Payload,
     PostgresEventLog,
@@ -41,8 +41,8 @@ from gyre_store import (  # noqa: E402
     migrate,
     rebuild,
 )
-from gyre_store.catalog import ExecutionDispatched, ExecutionStarted  # noqa: E402
-from gyre_store.queries import COPY_TYPES, EVENT_COLUMNS  # noqa: E402
+from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
+from gyre_store.queries import COPY_TYPES, EVENT_COLUMNS
 
 console = Console()
 

@@ -28,14 +28,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gyre_proxy.chat_template import Qwen3Template, Rendered  # noqa: E402
-from gyre_proxy.harness import ClaudeCodeHarness  # noqa: E402
-from gyre_proxy.incremental import full_messages  # noqa: E402
-from gyre_proxy.ingest import Ingestor, Prepared  # noqa: E402
-from gyre_proxy.messages import ChatRequest  # noqa: E402
-from gyre_proxy.text_tokenizer import qwen_tokenizer  # noqa: E402
-from gyre_proxy.tracegen import TraceConfig, TraceGenerator  # noqa: E402
-from gyre_store import (  # noqa: E402
+from gyre_proxy.chat_template import Qwen3Template, Rendered
+from gyre_proxy.harness import ClaudeCodeHarness
+from gyre_proxy.incremental import full_messages
+from gyre_proxy.ingest import Ingestor, Prepared
+from gyre_proxy.messages import ChatRequest
+from gyre_proxy.text_tokenizer import qwen_tokenizer
+from gyre_proxy.tracegen import TraceConfig, TraceGenerator
+from gyre_store import (
     InMemoryEventLog,
     PostgresEventLog,
     PostgresProjectionStore,
@@ -43,10 +43,10 @@ from gyre_store import (  # noqa: E402
     catch_up,
     migrate,
 )
-from gyre_store.recorder import TrajectoryRecorder  # noqa: E402
-from gyre_store.tito import TitoArrays  # noqa: E402
-from gyre_store.tree_view import TreeView  # noqa: E402
-from gyre_store.trees import TreeProjection  # noqa: E402
+from gyre_store.recorder import TrajectoryRecorder
+from gyre_store.tito import TitoArrays
+from gyre_store.tree_view import TreeView
+from gyre_store.trees import TreeProjection
 
 console = Console()
 

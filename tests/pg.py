@@ -49,7 +49,9 @@ def database_from(template: str) -> Iterator[str]:
     """A fresh database copied from ``template``; yields its URL, drops it afterwards."""
     name = f"gyre_t_{uuid.uuid4().hex[:12]}"
     with admin() as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+        )
     try:
         yield url_for(name)
     finally:

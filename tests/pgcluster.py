@@ -7,6 +7,7 @@ never disturbs the shared server other tests use. As root, the server runs as th
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -68,14 +69,14 @@ class PrivateCluster:
 
     def start(self) -> None:
         opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
-        self._run(str(_bin("pg_ctl")), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start")
+        self._run(
+            str(_bin("pg_ctl")), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start"
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(_bin("pg_ctl")), "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def destroy(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -21,7 +21,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.acceptance)
 
 
-def gyre(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def gyre(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run ``gyre ARGS`` with a clean GYRE_* environment plus ``env``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     base.update(env or {})

@@ -71,7 +71,7 @@ def test_appends_without_keys_are_reported_not_retried(cluster: pgcluster.Privat
         log.append([NewEvent(ExecutionStarted(execution_id="a", run_id="r", engine="x"))])
         cluster.stop("fast")
         try:
-            with pytest.raises(StoreUnavailable, match="not retried|unavailable"):
+            with pytest.raises(StoreUnavailable, match=r"not retried|unavailable"):
                 log.append([NewEvent(ExecutionStarted(execution_id="b", run_id="r", engine="x"))])
         finally:
             cluster.start()

@@ -76,7 +76,7 @@ def test_registry_refuses_bad_declarations() -> None:
 
 def test_unknown_fields_in_an_incoming_body_are_rejected() -> None:
     _, new = make_registries()
-    with pytest.raises(MalformedEvent, match="unknown field|Object contains unknown field"):
+    with pytest.raises(MalformedEvent, match=r"unknown field"):
         new.from_dict("thing.happened", {"thing_id": "t", "size_bytes": 1, "unit": "B", "extra": 1})
     with pytest.raises(MalformedEvent, match="required"):
         new.from_dict("thing.happened", {"thing_id": "t"})
