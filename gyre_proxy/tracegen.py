@@ -215,9 +215,7 @@ class TraceGenerator:
         ]
 
     def subagent(self, ex: str, run: str, prompt: str, turns: int) -> str:
-        agent = _Agent(
-            self.sub_system, self.tools[:6], [Message(Role.USER, (TextBlock(prompt),))]
-        )
+        agent = _Agent(self.sub_system, self.tools[:6], [Message(Role.USER, (TextBlock(prompt),))])
         for _ in range(turns):
             answer, use = self.tool_turn()
             self.call(ex, run, agent, answer)
