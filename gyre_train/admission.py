@@ -147,7 +147,7 @@ def admit(tree: AdmissionTree, config: AdmissionConfig, rng: np.random.Generator
                     target_count=int(on_path.sum()),
                 )
             )
-            pass
+            remaining[path] = 0
         if cap is not None and len(admitted) >= cap:
             break
     eligible = [i for members in by_rank.values() for i in members]

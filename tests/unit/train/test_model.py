@@ -18,6 +18,7 @@ from gyre_train import (
     SequenceRatioAccumulator,
     TokenRow,
     accumulate_sequence_ratios,
+    block_causal_mask,
     micro_step_loss,
     packed_token_logprobs,
 )
@@ -40,6 +41,19 @@ def _model(attention: str) -> Qwen3ForCausalLM:
         attn_implementation=attention,
     )
     return Qwen3ForCausalLM(config).eval()
+
+
+def test_block_causal_mask_keeps_attention_inside_each_row() -> None:
+    mask = block_causal_mask(np.array([0, 2, 5]), torch.float32, torch.device("cpu"))
+    allowed = (mask[0, 0] == 0).int().tolist()
+    assert allowed == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+    assert mask.shape == (1, 1, 5, 5) and mask.min().item() == torch.finfo(torch.float32).min
 
 
 def _row_logprobs(model: Qwen3ForCausalLM, row: TokenRow) -> torch.Tensor:

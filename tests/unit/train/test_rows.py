@@ -32,7 +32,7 @@ def test_rows_carry_full_context_and_only_frozen_targets() -> None:
         _node([12, 13], [True, True]),
         _node([14], [False]),
         _node([15, 16, 17], [True, False, True]),
-        _node([18], [True]),
+        _node([18, 21], [True, False]),
         _node([19, 20], [False, False]),
     )
     tokens = ExecutionTokens(nodes)
@@ -43,7 +43,7 @@ def test_rows_carry_full_context_and_only_frozen_targets() -> None:
     assert first.token_ids.tolist() == [10, 11, 12, 13, 14, 15, 16, 17]
     assert first.target_mask.tolist() == [False, False, True, True, False, True, False, True]
     assert first.behaviour_logprobs.tolist() == [0, 0, -0.25, -0.25, 0, -0.25, 0, -0.25]
-    # The second path shares nodes 0-1 (already frozen) and ends in a tool node: trimmed after node 4.
+    # The second path shares nodes 0-1 (already frozen) and ends in a tool node: trimmed after token 18.
     assert second.token_ids.tolist() == [10, 11, 12, 13, 18]
     assert second.target_mask.tolist() == [False, False, False, False, True]
     assert (first.execution_id, first.trajectory, second.trajectory) == ("e1", 0, 1)
