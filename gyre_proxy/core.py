@@ -22,6 +22,12 @@ class BlockKind(enum.StrEnum):
     TOOL_USE = "tool_use"
 
 
+class MessageStart(msgspec.Struct, frozen=True, tag="message_start"):
+    """Optional first event: the prompt is tokenized and admitted (adapters report its size)."""
+
+    input_tokens: int
+
+
 class BlockStart(msgspec.Struct, frozen=True, tag="block_start"):
     index: int
     kind: BlockKind
@@ -55,7 +61,7 @@ class MessageDone(msgspec.Struct, frozen=True, tag="message_done"):
     stop_sequence: str | None = None
 
 
-StreamEvent = BlockStart | TextDelta | ThinkingDelta | ToolInputDelta | BlockStop | MessageDone
+StreamEvent = MessageStart | BlockStart | TextDelta | ThinkingDelta | ToolInputDelta | BlockStop | MessageDone
 
 
 class ExecutionAuth(msgspec.Struct, frozen=True):
