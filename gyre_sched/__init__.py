@@ -20,6 +20,15 @@ from gyre_sched.codec import (
 )
 from gyre_sched.commands import CommandSink, carry_out
 from gyre_sched.config import PolicyKind, SchedConfig, dispatch_params, mean_staleness
+from gyre_sched.controller import (
+    Clock,
+    Command,
+    ConfigMismatchError,
+    Controller,
+    ControllerConflictError,
+    ReplayDivergedError,
+    plan_commands,
+)
 from gyre_sched.core import CoreState, SchedulerCore, run_core
 from gyre_sched.counters import Counters
 from gyre_sched.decisions import (
@@ -65,9 +74,34 @@ from gyre_sched.invariants import Violation, ViolationKind, check_log
 from gyre_sched.ledger import core_may_stay, may_join, rollout_capacity, startable, supply
 from gyre_sched.policy import AsyncPolicy, CellRole, ColocatePolicy, ElasticPolicy, Policy, policy_for
 from gyre_sched.presets import PRESETS, WORKLOADS, Preset, get_preset
+from gyre_sched.replay import (
+    DecisionDiff,
+    DiffKind,
+    Disagreement,
+    NoRecordedRunError,
+    RecordedRun,
+    ReplayReport,
+    check_lifecycle,
+    compare,
+    load_run,
+    replay_run,
+)
 from gyre_sched.results import SimResult, TransitionRecord, cumulative_speedup
 from gyre_sched.routing import assign, destination_order
 from gyre_sched.simulator import SimRun, simulate
+from gyre_sched.store_events import (
+    FACT_TYPES,
+    ProtocolStep,
+    SchedConfigured,
+    SchedDecision,
+    SchedInput,
+    SchedRejected,
+    SchedStep,
+    StoreMappingError,
+    fact_event,
+    input_of,
+    sched_stream,
+)
 from gyre_sched.workload import (
     CeilingLogNormal,
     EmpiricalWorkload,
@@ -76,8 +110,10 @@ from gyre_sched.workload import (
     workload_stats,
 )
 from gyre_sched.workload_file import load_workload, parse_workload
+from gyre_sched.workload_store import workload_from_run
 
 __all__ = [
+    "FACT_TYPES",
     "POOL",
     "PRESETS",
     "WORKLOADS",
@@ -89,17 +125,25 @@ __all__ = [
     "CeilingLogNormal",
     "CellCountError",
     "CellRole",
+    "Clock",
     "ClockTick",
     "ClusterConfig",
     "ColocatePolicy",
+    "Command",
     "CommandSink",
     "ConfigError",
+    "ConfigMismatchError",
+    "Controller",
+    "ControllerConflictError",
     "CoreAtBurstEnd",
     "CoreState",
     "CounterDecreaseError",
     "Counters",
     "Decision",
+    "DecisionDiff",
+    "DiffKind",
     "Direction",
+    "Disagreement",
     "DispatchGroups",
     "ElasticPolicy",
     "EmpiricalWorkload",
@@ -112,21 +156,32 @@ __all__ = [
     "InputOrderError",
     "LogEntry",
     "NegativeOverheadError",
+    "NoRecordedRunError",
     "Outcome",
     "Placement",
     "Policy",
     "PolicyKind",
     "Preset",
+    "ProtocolStep",
+    "RecordedRun",
+    "ReplayDivergedError",
+    "ReplayReport",
     "RequestTick",
     "Reroute",
     "RhoMinError",
     "RunStarted",
     "SchedConfig",
+    "SchedConfigured",
+    "SchedDecision",
+    "SchedInput",
+    "SchedRejected",
+    "SchedStep",
     "SchedulerCore",
     "SimResult",
     "SimRun",
     "StalenessError",
     "StartExecutions",
+    "StoreMappingError",
     "TransitionDone",
     "TransitionRecord",
     "UnknownPresetError",
@@ -138,7 +193,9 @@ __all__ = [
     "WorkloadModel",
     "assign",
     "carry_out",
+    "check_lifecycle",
     "check_log",
+    "compare",
     "core_may_stay",
     "cumulative_speedup",
     "decision_from_dict",
@@ -149,18 +206,25 @@ __all__ = [
     "dispatch_params",
     "encode",
     "encode_log",
+    "fact_event",
     "get_preset",
     "input_from_dict",
+    "input_of",
+    "load_run",
     "load_workload",
     "may_join",
     "mean_staleness",
     "parse_workload",
+    "plan_commands",
     "policy_for",
+    "replay_run",
     "rollout_capacity",
     "run_core",
+    "sched_stream",
     "simulate",
     "startable",
     "supply",
     "to_dict",
+    "workload_from_run",
     "workload_stats",
 ]

@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.replay",
     "tools.demo",
     "tools.engine",
+    "tools.sched",
     "tools.simulate",
     "tools.tracegen",
     "tools.trees",

@@ -33,7 +33,10 @@ from gyre_sched.plots import role_timeline, steps_and_speedup, waterlevel
 from gyre_sched.presets import PRESETS, with_policy
 from gyre_sched.tables import ablation_table, speedup_table
 from gyre_sched.workload import WorkloadModel
+from gyre_sched.workload_store import workload_from_run
+from gyre_store import GyreStoreError
 from tools.cli import add_env_argument
+from tools.common import add_store_arguments, open_store
 
 TABLE_PRESETS = ("ablation-table", "speedup-table")
 DEFAULT_PRESET = "ablation-E0"
@@ -85,6 +88,13 @@ def register(subparsers: Any) -> None:
         "GYRE_SIM_WORKLOAD",
         help=f"{' or '.join(WORKLOADS)}, or a .csv/.json file of durations",
     )
+    env(
+        p,
+        "--workload-from-run",
+        "GYRE_SIM_WORKLOAD_FROM_RUN",
+        help="resample the durations and outcomes of this stored run's executions (needs the store)",
+    )
+    add_store_arguments(p)
     env(p, "--steps", "GYRE_SIM_STEPS", type=int, help="training steps to simulate")
     env(p, "--seed", "GYRE_SIM_SEED", type=int, default="0", help="random seed")
     env(
@@ -131,7 +141,10 @@ def _override(preset: Preset, args: argparse.Namespace) -> Preset:
     return msgspec.structs.replace(preset, name=name, sched=sched, cluster=cluster, steps=steps)
 
 
-def _workload(spec: str) -> WorkloadModel:
+def _workload(spec: str, args: argparse.Namespace | None = None) -> WorkloadModel:
+    if args is not None and args.workload_from_run:
+        with open_store(args, upgrade=False) as opened:
+            return workload_from_run(opened.log, args.workload_from_run)
     if spec in WORKLOADS:
         return WORKLOADS[spec].validate()
     return load_workload(Path(spec))
@@ -154,7 +167,7 @@ def _run_one(preset: Preset, workload: WorkloadModel, seed: int, console: Consol
 
 def _single(args: argparse.Namespace, console: Console, out: Path) -> int:
     preset = _override(get_preset(args.preset or DEFAULT_PRESET), args)
-    workload = _workload(args.workload or preset.workload)
+    workload = _workload(args.workload or preset.workload, args)
     result = _run_one(preset, workload, args.seed, console)
     baselines: list[SimResult] = []
     if preset.sched.policy is PolicyKind.ELASTIC:
@@ -282,6 +295,6 @@ def run(args: argparse.Namespace) -> int:
         if args.preset in TABLE_PRESETS:
             return _tables(args, console, out)
         return _single(args, console, out)
-    except GyreSchedError as exc:
+    except (GyreSchedError, GyreStoreError) as exc:
         print(f"gyre simulate: error: {exc}", file=sys.stderr)
         return 2
