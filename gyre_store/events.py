@@ -34,6 +34,21 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         return StreamId(self.stream_type, "/".join(str(getattr(self, k)) for k in self.stream_key))
 
 
+class OpaqueEvent(Event, frozen=True, kw_only=True):
+    """A stored event whose type this process does not know (its module is not imported).
+
+    Reading the whole log never fails on such an event; writing one is still refused.
+    """
+
+    type_name: str
+    version: int
+    body: msgspec.Raw
+
+    @property
+    def stream(self) -> StreamId:
+        raise UnknownEventType(f"{self.type_name} is not registered in this process")
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class StreamId:
     """A stream: its type (``execution``, ``cell``, ...) and its id within that type."""
@@ -234,6 +249,13 @@ class EventRegistry:
             return msgspec.convert(raw, cls)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise MalformedEvent(f"{name} v{schema_version}: {exc}") from exc
+
+    def from_stored(self, name: str, schema_version: int, body: bytes | str) -> Event:
+        """Decode a body read back from storage; unknown types come back as OpaqueEvent."""
+        if name not in self._types:
+            raw = body.encode() if isinstance(body, str) else bytes(body)
+            return OpaqueEvent(type_name=name, version=schema_version, body=msgspec.Raw(raw))
+        return self.from_body(name, schema_version, body)
 
     def from_dict(self, name: str, body: dict[str, Any], schema_version: int | None = None) -> Event:
         """Build a typed event from a plain mapping (a CLI or HTTP caller's input)."""

@@ -78,7 +78,7 @@ def row_to_event(registry: EventRegistry, row: Sequence[Any]) -> RecordedEvent:
         schema,
         eid,
         key,
-        registry.from_body(etype, schema, body),
+        registry.from_stored(etype, schema, body),
         Payload.decode(payload) if payload is not None else None,
         EventMetadata(corr, caus, run, policy),
         at,

@@ -105,3 +105,16 @@ def test_replay_schema_leaves_live_projections_alone(pg_log: PostgresEventLog) -
     assert [r["status"] for r in live.dump("gyre_executions")] == ["running"] * 3
     with pytest.raises(Exception, match="live schema"):
         PostgresProjectionStore(pg_log.pool, projections.tables()).create_schema()
+
+
+def test_a_reader_that_does_not_know_a_type_still_reads_the_log(database_url: str) -> None:
+    from gyre_store import EventRegistry
+    from gyre_store.events import OpaqueEvent
+
+    _, new = make_registries()
+    with PostgresEventLog(StoreConfig(database_url), registry=new) as log:
+        log.append([NewEvent(new.type_of("thing.happened")(thing_id="t", size_bytes=1, unit="B"))])  # type: ignore[call-arg]
+    with PostgresEventLog(StoreConfig(database_url), registry=EventRegistry()) as log:
+        [ev] = log.read(0)
+    assert isinstance(ev.event, OpaqueEvent)
+    assert ev.event.type_name == "thing.happened" and b"size_bytes" in bytes(ev.event.body)
