@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from gyre_store.events import AppendResult, EventMetadata
-from gyre_store.recorder import TrajectoryRecorder
+from gyre_store.events import AppendResult, EventMetadata, NewEvent
+from gyre_store.recorder import PrefixPoint, TrajectoryRecorder
 from gyre_store.tito import CallFinish, ModelCallRecorded, Provenance, TitoArrays
 
 from .chat_template import Qwen3Template
@@ -51,7 +52,7 @@ class Ingestor:
         """The full input for the engine: the stored prefix tokens, then the new ones."""
         return np.concatenate([prefix_tokens[: prepared.encoded.prefix_len], prepared.encoded.new_ids])
 
-    def record(
+    def build(
         self,
         prepared: Prepared,
         *,
@@ -60,22 +61,24 @@ class Ingestor:
         output_logprobs: npt.NDArray[np.float32],
         assistant: Message | None,
         finish: CallFinish,
+        delivered: bool | None = None,
         engine: str = "",
         weight_versions: tuple[tuple[int, int], ...] = (),
         retry_of: str | None = None,
         started_at: float | None = None,
         first_token_s: float = 0.0,
         duration_s: float = 0.0,
-        metadata: EventMetadata | None = None,
-    ) -> AppendResult:
-        """Append the record of one answered (or aborted) call.
+    ) -> tuple[ModelCallRecorded, TitoArrays]:
+        """The record of one answered (or aborted) call.
 
-        ``assistant`` is the answer as the harness receives it; None for an aborted call
-        the harness never saw (its output is kept, but not trainable and not indexed).
+        ``assistant`` is the answer as the harness receives it (None when it never gets a
+        complete one). ``delivered`` says whether the harness received these output tokens:
+        they are trainable then; by default only a call that did not abort is.
         """
         enc = prepared.encoded
         n_out = int(output_ids.shape[0])
         aborted = finish == CallFinish.ABORT
+        trainable = (not aborted) if delivered is None else delivered
         arrays = TitoArrays(
             input_ids=enc.new_ids,
             input_prov=enc.new_prov,
@@ -84,7 +87,7 @@ class Ingestor:
             output_ids=np.asarray(output_ids, dtype=np.int32),
             output_logprobs=np.asarray(output_logprobs, dtype=np.float32),
             output_prov=np.full(n_out, Provenance.SAMPLED, dtype=np.uint8),
-            output_trainable=np.full(n_out, not aborted, dtype=np.bool_),
+            output_trainable=np.full(n_out, trainable, dtype=np.bool_),
             output_hash=output_hash(enc, assistant)
             if assistant is not None and not aborted
             else np.zeros(0, np.uint32),
@@ -110,7 +113,41 @@ class Ingestor:
             first_token_s=first_token_s,
             duration_s=duration_s,
         )
-        result = self.recorder.record(event, arrays, metadata)
         if assistant is not None:
             self.plugin.observe_output(prepared.execution_id, assistant)
-        return result
+        return event, arrays
+
+    def record(
+        self, prepared: Prepared, *, metadata: EventMetadata | None = None, **kwargs: Any
+    ) -> AppendResult:
+        """Build and append a record now (synchronously); see :meth:`build` for the arguments."""
+        event, arrays = self.build(prepared, **kwargs)
+        return self.recorder.record(event, arrays, metadata)
+
+    def stage(self, prepared: Prepared, *, metadata: EventMetadata | None = None, **kwargs: Any) -> NewEvent:
+        """Build a record and apply it to the execution's context now; the caller appends it later."""
+        event, arrays = self.build(prepared, **kwargs)
+        return self.recorder.stage(event, arrays, metadata)
+
+
+def continuation(prepared: Prepared, attempt: str, delivered_tokens: int) -> Prepared:
+    """The request for a retry that continues an interrupted answer on another engine.
+
+    Its context is the original input plus the ``delivered_tokens`` the harness already
+    received from attempt ``attempt``; it adds no new input and no whole-input index entry.
+    """
+    enc = prepared.encoded
+    z = np.zeros(0, dtype=np.int32)
+    cont = EncodedRequest(
+        prefix=PrefixPoint(attempt, enc.input_len + delivered_tokens, True),
+        new_ids=z,
+        new_prov=np.zeros(0, dtype=np.uint8),
+        msg_ends=z,
+        msg_hashes=np.zeros(0, dtype=np.uint32),
+        messages=enc.messages,
+        hashes=enc.hashes,
+        context_hash=b"",
+        system_sha=enc.system_sha,
+        tokenized=0,
+    )
+    return Prepared(prepared.execution_id, prepared.run_id, prepared.request, cont, prepared.traits)

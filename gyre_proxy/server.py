@@ -7,9 +7,11 @@ to engines, recording and the rest of the proxy's work live behind the core, not
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -52,8 +54,13 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ping_interval_s: float = 10.0,
     stream_start_timeout_s: float = 5.0,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> Starlette:
-    """The Starlette app serving the Anthropic and OpenAI APIs over ``core``, and ``/health``."""
+    """The Starlette app serving the Anthropic and OpenAI APIs over ``core``, and ``/health``.
+
+    ``on_shutdown`` runs on the server's event loop as it stops (engine clients opened on
+    that loop must be closed there).
+    """
     settings = ApiSettings(model_name, max_body_bytes, ping_interval_s, stream_start_timeout_s)
 
     async def health(request: Request) -> Response:
@@ -71,6 +78,12 @@ def build_app(
             return Response(anthropic_error_body(err), status_code=status, media_type="application/json")
         return Response(openai_error_body(err), status_code=status, media_type="application/json")
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await on_shutdown()
+
     return Starlette(
         routes=[
             *anthropic_api.routes(core, keys, settings),
@@ -78,6 +91,7 @@ def build_app(
             Route("/health", health, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error},
+        lifespan=lifespan,
     )
 
 
@@ -106,7 +120,7 @@ class ProxyServer:
         self.host = host
         self.port = port or free_port(host)
         self._startup_timeout_s = startup_timeout_s
-        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gyre-proxy", daemon=True)
 

@@ -101,3 +101,28 @@ class WeightsPublished(Event, frozen=True, kw_only=True):
     run_id: Ident
     policy_version: Positive
     step: NonNegative
+
+
+@REGISTRY.register("execution.key_issued", stream="apikey", key="key_hash")
+class ApiKeyIssued(Event, frozen=True, kw_only=True):
+    """An API key (stored as its SHA-256) that writes into exactly one execution."""
+
+    key_hash: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    execution_id: Ident
+    run_id: Ident
+    harness: str
+
+
+@REGISTRY.register("execution.key_revoked", stream="apikey", key="key_hash")
+class ApiKeyRevoked(Event, frozen=True, kw_only=True):
+    key_hash: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    reason: str = ""
+
+
+@REGISTRY.register("engine.routing_changed", stream="engine", key="engine")
+class EngineRoutingChanged(Event, frozen=True, kw_only=True):
+    """An engine starts or stops accepting new requests (the scheduler's role transitions)."""
+
+    engine: Ident
+    accepting: bool
+    reason: str = ""

@@ -93,6 +93,31 @@ class TrajectoryRecorder:
             ctx.version = ev.stream_version
         return ctx
 
+    def stage(
+        self, event: ModelCallRecorded, arrays: TitoArrays, metadata: EventMetadata | None = None
+    ) -> NewEvent:
+        """Validate a record and apply it to the in-memory context now; append it later.
+
+        For writers that take appends off the response path (the proxy's spool): the next
+        request of the execution already matches against this record. Appending the returned
+        event (``write``) is idempotent, so a spool may retry it until the database answers.
+        """
+        with self._lock:
+            ctx = self._contexts.get(event.execution_id)
+            if ctx is None:
+                ctx = self._load(event.execution_id)
+                self._contexts[event.execution_id] = ctx
+            if event.request_id not in ctx.lengths:
+                ctx.check(event, arrays)
+                record = new_record(event, arrays, metadata=metadata)
+                ctx.apply(event, arrays)
+                return record
+            return new_record(event, arrays, metadata=metadata)
+
+    def write(self, records: Sequence[NewEvent]) -> list[AppendResult]:
+        """Append staged records (in order); raises StoreUnavailable while the database is down."""
+        return self._log.append(records)
+
     def record(
         self, event: ModelCallRecorded, arrays: TitoArrays, metadata: EventMetadata | None = None
     ) -> AppendResult:

@@ -34,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_env_argument(
         serve,
+        "--tokenizer",
+        "GYRE_ENGINE_TOKENIZER",
+        default="auto",
+        help="qwen: the Qwen3.5/3.6 vocabulary the proxy uses (and a tiny model over it); auto: model dir or bytes",
+    )
+    add_env_argument(
+        serve,
         "--max-context",
         "GYRE_ENGINE_MAX_CONTEXT",
         default="2048",
@@ -83,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
             config=config_json,
             model_dir=Path(args.model_dir) if args.model_dir else None,
             seed=args.seed,
+            tokenizer=args.tokenizer,
         ),
         max_context=args.max_context,
         seed=args.seed,

@@ -20,6 +20,7 @@ from gyre_proxy.exceptions import ModelLoadError
 from gyre_proxy.refengine.tokenizer import Tokenizer, load_tokenizer
 
 # A few layers and a vocabulary just over ByteTokenizer's 259 ids: builds in milliseconds.
+# QWEN_MODEL_CONFIG below is the same tiny model over the Qwen vocabulary, for the proxy.
 DEFAULT_MODEL_CONFIG: Mapping[str, Any] = {
     "model_type": "qwen3",
     "vocab_size": 320,
@@ -34,6 +35,16 @@ DEFAULT_MODEL_CONFIG: Mapping[str, Any] = {
     "eos_token_id": 258,
 }
 
+QWEN_MODEL_CONFIG: Mapping[str, Any] = {
+    **DEFAULT_MODEL_CONFIG,
+    "vocab_size": 248_320,  # the Qwen3.5/3.6 vocabulary and its special tokens, rounded up
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "tie_word_embeddings": True,
+    "eos_token_id": 248_046,  # <|im_end|>
+    "max_position_embeddings": 65_536,
+}
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -42,6 +53,7 @@ class ModelSource:
     config: Mapping[str, Any] | None = None
     model_dir: Path | None = None
     seed: int = 0
+    tokenizer: str | None = None  # "qwen" for the Qwen vocabulary; default: from model_dir or bytes
 
 
 @dataclass
@@ -92,7 +104,8 @@ def load_model(source: ModelSource) -> LoadedModel:
             raise ModelLoadError(f"cannot load {source.model_dir}: {exc}") from exc
         model_path = str(source.model_dir)
     else:
-        hf_config = _config_from_dict(source.config or DEFAULT_MODEL_CONFIG)
+        default = QWEN_MODEL_CONFIG if source.tokenizer == "qwen" else DEFAULT_MODEL_CONFIG
+        hf_config = _config_from_dict(source.config or default)
         # The seed fixes the initial weights, so two engines built alike are identical.
         torch.manual_seed(source.seed)
         try:
@@ -101,7 +114,7 @@ def load_model(source: ModelSource) -> LoadedModel:
             raise ModelLoadError(f"no causal LM for this config: {exc}") from exc
         model_path = f"gyre-reference/{hf_config.model_type}"
     model.eval()
-    tokenizer = load_tokenizer(source.model_dir)
+    tokenizer = load_tokenizer(source.model_dir, source.tokenizer)
     vocab_size = int(model.config.vocab_size)
     if tokenizer.vocab_size > vocab_size:
         raise ModelLoadError(

@@ -117,8 +117,42 @@ class HFTokenizer:
         return str(self._raw.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
-def load_tokenizer(model_dir: Path | None) -> Tokenizer:
-    """``HFTokenizer`` when ``model_dir`` holds a ``tokenizer.json``, else ``ByteTokenizer``."""
+class QwenVocabTokenizer:
+    """The real Qwen3.5/3.6 vocabulary (from the proxy's tokenizer), so a tiny model served
+    behind the proxy speaks the same token ids the proxy renders prompts with."""
+
+    def __init__(self) -> None:
+        from gyre_proxy.text_tokenizer import qwen_tokenizer
+
+        self._tok = qwen_tokenizer()
+        self._specials = frozenset(
+            self._tok.special(s) for s in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.vocab_size
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._tok.special("<|im_end|>")
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._specials]
+        return self._tok.decode(ids)
+
+
+def load_tokenizer(model_dir: Path | None, name: str | None = None) -> Tokenizer:
+    """``name == "qwen"``: the Qwen vocabulary; else ``HFTokenizer`` when ``model_dir``
+    holds a ``tokenizer.json``, else ``ByteTokenizer``."""
+    if name == "qwen":
+        return QwenVocabTokenizer()
+    if name not in (None, "", "byte", "auto"):
+        raise ValueError(f"unknown tokenizer {name!r}; use qwen, byte or auto")
     if model_dir is not None and (model_dir / TOKENIZER_FILE).is_file():
         return HFTokenizer(model_dir / TOKENIZER_FILE)
     return ByteTokenizer()

@@ -1,0 +1,124 @@
+"""The record spool: TITO records are written off the response path, in batches.
+
+The proxy stages a record (validated, applied to the execution's in-memory context) and
+hands it here; a writer thread appends batches. While the database is unreachable the
+records wait in memory, bounded, and are retried with backoff: each carries its
+idempotency key, so a batch that did commit before a broken acknowledgement is a no-op
+when resent. Only when the spool is full does a submitting request wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from types import TracebackType
+
+from gyre_store.events import NewEvent
+from gyre_store.exceptions import StoreUnavailable
+from gyre_store.recorder import TrajectoryRecorder
+
+log = logging.getLogger(__name__)
+
+
+class RecordSpool:
+    """A bounded queue of staged records and the thread that writes them."""
+
+    def __init__(
+        self,
+        recorder: TrajectoryRecorder,
+        *,
+        max_pending: int = 10_000,
+        batch: int = 64,
+        linger_s: float = 0.02,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        self._recorder = recorder
+        self._queue: queue.Queue[NewEvent] = queue.Queue(maxsize=max_pending)
+        self._batch = batch
+        self._linger_s = linger_s
+        self._max_backoff_s = max_backoff_s
+        self._stop = threading.Event()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self.written = 0
+        self.retries = 0
+        self._thread = threading.Thread(target=self._run, name="gyre-record-spool", daemon=True)
+        self._thread.start()
+
+    def submit(self, record: NewEvent) -> None:
+        """Queue a staged record; blocks only while the spool is full."""
+        with self._idle:
+            self._in_flight += 1
+        self._queue.put(record)
+
+    @property
+    def pending(self) -> int:
+        return self._in_flight
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout)
+
+    def _take(self) -> list[NewEvent]:
+        try:
+            first = self._queue.get(timeout=0.1)
+        except queue.Empty:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + self._linger_s
+        while len(batch) < self._batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(self._queue.get(timeout=remaining))
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self) -> None:
+        while not (self._stop.is_set() and self._queue.empty()):
+            batch = self._take()
+            if not batch:
+                continue
+            backoff = 0.05
+            while True:
+                try:
+                    self._recorder.write(batch)
+                    break
+                except StoreUnavailable as exc:
+                    self.retries += 1
+                    log.warning("record spool: database unavailable (%s); %d records wait", exc, self.pending)
+                    if self._stop.wait(backoff):
+                        log.error(
+                            "record spool closed while the database was down: %d records unwritten",
+                            self.pending,
+                        )
+                        return
+                    backoff = min(backoff * 2, self._max_backoff_s)
+                except Exception:  # a record that can never be written must not wedge the spool
+                    log.exception(
+                        "record spool: dropping a batch of %d records that failed to append", len(batch)
+                    )
+                    break
+            self.written += len(batch)
+            with self._idle:
+                self._in_flight -= len(batch)
+                self._idle.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued (waiting up to ``timeout``), then stop the thread."""
+        self.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> RecordSpool:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,204 @@
+"""The proxy end to end: official SDKs -> proxy -> reference engines (Qwen vocabulary),
+every call recorded token-in/token-out and rebuilt exactly from the store."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from gyre_proxy.keys import issue_key, revoke_key
+from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.refengine.model import ModelSource
+from gyre_proxy.service import ProxyConfig, ProxyService
+from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
+from gyre_store.tito import Provenance
+from gyre_store.tree_view import TreeView
+from gyre_store.trees import TreeProjection
+
+TOOL_CALL = 'Let me look.\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
+LONG = "The files are listed above. " + "Here is a long explanation of every one of them. " * 40
+
+
+def script(tmp: Path, outputs: list[str]) -> Path:
+    path = tmp / "script.json"
+    path.write_text(json.dumps({"outputs": outputs, "rule": "in_order"}))
+    return path
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[list[ReferenceEngineServer]]:
+    # Two identical engines (same seed, same script) so an answer can move between them.
+    outs = [TOOL_CALL, LONG, "All done.", TOOL_CALL, LONG, "All done."]
+    servers = []
+    for i in range(2):
+        cfg = ReferenceEngineConfig(
+            source=ModelSource(tokenizer="qwen", seed=0),
+            max_context=8192,
+            script=script(tmp_path / f"e{i}", outs) if (tmp_path / f"e{i}").mkdir() is None else None,
+        )
+        servers.append(ReferenceEngineServer(cfg).__enter__())
+    yield servers
+    for s in servers:
+        s.__exit__(None, None, None)
+
+
+@pytest.fixture
+def proxy(engines: list[ReferenceEngineServer]) -> Iterator[ProxyService]:
+    log = InMemoryEventLog()
+    cfg = ProxyConfig(
+        engines=[(f"engine-{i}", e.base_url) for i, e in enumerate(engines)], context_limit=8192
+    )
+    with ProxyService(log, cfg) as service:
+        yield service
+
+
+def tree(service: ProxyService, execution_id: str) -> TreeView:
+    assert service.spool.flush(30)
+    p = TreeProjection()
+    store = InMemoryProjectionStore({t.name: t for t in p.tables})
+    catch_up(service.log, store, p)
+    return TreeView.load(store, execution_id)
+
+
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "run a command",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+    }
+]
+
+
+def test_anthropic_sdk_tool_loop_is_recorded_and_rebuilt_exactly(proxy: ProxyService) -> None:
+    key = issue_key(proxy.log, execution_id="ex1", run_id="run1", harness="claude-code")
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+    messages: list[dict] = [{"role": "user", "content": "What is in this folder?"}]
+    first = client.messages.create(
+        model="gyre", max_tokens=300, system="You are a coding agent.", tools=TOOLS, messages=messages
+    )
+    assert first.stop_reason == "tool_use"
+    use = next(b for b in first.content if b.type == "tool_use")
+    assert use.name == "Bash" and use.input == {"command": "ls -la"}
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py\nb.py"}],
+        },
+    ]
+    with client.messages.stream(
+        model="gyre",
+        max_tokens=1000,
+        system=[{"type": "text", "text": "You are a coding agent."}],
+        tools=TOOLS,
+        messages=messages,
+    ) as stream:
+        text = "".join(stream.text_stream)
+        second = stream.get_final_message()
+    assert text.startswith("The files are listed above.") and second.stop_reason == "end_turn"
+
+    view = tree(proxy, "ex1")
+    records = sorted(view.records.values(), key=lambda r: r.seq)
+    assert len(records) == 2
+    # the second request extended the first record's context, sampled answer included
+    second_input, prov = view.input_of(records[1].request_id)
+    first_full = np.concatenate(
+        [view.input_of(records[0].request_id)[0], view.output_of(records[0].request_id)[0]]
+    )
+    np.testing.assert_array_equal(second_input[: len(first_full)], first_full)
+    assert Provenance.TOOL_RESULT in set(prov.tolist())
+    out, lp = view.output_of(records[1].request_id)
+    assert np.all(np.isfinite(lp)) and np.all(lp <= 0) and len(out) == second.usage.output_tokens
+
+
+def test_openai_sdk_streaming_and_unknown_or_revoked_keys(proxy: ProxyService) -> None:
+    key = issue_key(proxy.log, execution_id="ex2", run_id="run1", harness="openai")
+    client = openai.OpenAI(base_url=proxy.base_url + "/v1", api_key=key, max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="gyre",
+            stream=True,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}],
+        )
+    )
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls and calls[0].function.name == "Bash"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=proxy.base_url + "/v1", api_key="gyre-nope", max_retries=0
+        ).chat.completions.create(model="gyre", messages=[{"role": "user", "content": "hi"}])
+    revoke_key(proxy.log, key)
+    proxy.keys._keys.clear()  # a fresh proxy process would see the revocation
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="gyre", messages=[{"role": "user", "content": "hi"}])
+    assert len(tree(proxy, "ex2").records) == 1
+
+
+def test_an_engine_aborting_mid_answer_is_invisible_to_the_harness(
+    proxy: ProxyService, engines: list[ReferenceEngineServer]
+) -> None:
+    key = issue_key(proxy.log, execution_id="ex3", run_id="run1", harness="claude-code")
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+    # consume the tool-call output of both engines' scripts so the next answer is the long one
+    client.messages.create(model="gyre", max_tokens=300, messages=[{"role": "user", "content": "warm up"}])
+    first_engine = proxy.router.engine_for("ex3").name
+    victim = engines[int(first_engine[-1])]
+    other = engines[1 - int(first_engine[-1])]
+    httpx.post(
+        other.base_url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+    )  # align the scripts
+    pieces: list[str] = []
+
+    def abort_soon() -> None:
+        while len("".join(pieces)) < 20:
+            time.sleep(0.005)
+        httpx.post(victim.base_url + "/abort_request", json={"abort_all": True})
+
+    aborter = threading.Thread(target=abort_soon)
+    aborter.start()
+    with client.messages.stream(
+        model="gyre", max_tokens=1000, messages=[{"role": "user", "content": "explain"}]
+    ) as stream:
+        for piece in stream.text_stream:
+            pieces.append(piece)
+        final = stream.get_final_message()
+    aborter.join(10)
+    assert "".join(pieces).startswith("The files are listed above.")
+    assert final.stop_reason == "end_turn"
+    assert proxy.core.rerouted >= 1
+    view = tree(proxy, "ex3")
+    retried = [r for r in view.records.values() if r.finish == "abort"]
+    assert retried, "the interrupted attempt is recorded"
+    # the continuation's path runs through the interrupted attempt's tokens
+    cont = max(view.records.values(), key=lambda r: r.seq)
+    out, _ = view.output_of(cont.request_id)
+    assert len(out) > 0
+
+
+def test_a_client_disconnect_aborts_and_keeps_the_partial_record(proxy: ProxyService) -> None:
+    key = issue_key(proxy.log, execution_id="ex4", run_id="run1", harness="claude-code")
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+    client.messages.create(model="gyre", max_tokens=300, messages=[{"role": "user", "content": "warm up"}])
+    with client.messages.stream(
+        model="gyre", max_tokens=1000, messages=[{"role": "user", "content": "explain"}]
+    ) as stream:
+        for _ in stream.text_stream:
+            break  # the harness goes away after the first piece
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        view = tree(proxy, "ex4")
+        if any(r.finish == "abort" for r in view.records.values()):
+            break
+        time.sleep(0.1)
+    aborted = [r for r in view.records.values() if r.finish == "abort"]
+    assert aborted and aborted[0].output_len > 0
