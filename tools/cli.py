@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tools.sched",
     "tools.simulate",
     "tools.tracegen",
+    "tools.proxy",
     "tools.trees",
 )
 

@@ -1,0 +1,128 @@
+"""``gyre proxy serve`` and ``gyre executions new``: the harness-facing proxy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from typing import Any
+
+from gyre_proxy.keys import issue_key
+from gyre_proxy.service import ProxyConfig, ProxyService
+from gyre_store import subscribe
+from tools.cli import add_env_argument
+from tools.common import add_store_arguments, console, open_store
+
+
+def register(subparsers: Any) -> None:
+    proxy = subparsers.add_parser("proxy", help="the harness-facing proxy")
+    sub = proxy.add_subparsers(dest="proxy_command", metavar="ACTION", required=True)
+    serve = sub.add_parser("serve", help="serve the Anthropic and OpenAI APIs over SGLang-API engines")
+    add_store_arguments(serve)
+    serve.add_argument(
+        "--engine",
+        action="append",
+        default=None,
+        help="NAME=URL of an engine speaking SGLang's API (repeatable; env GYRE_PROXY_ENGINES, comma-separated)",
+    )
+    add_env_argument(serve, "--host", "GYRE_PROXY_HOST", default="127.0.0.1", help="address to bind")
+    add_env_argument(serve, "--port", "GYRE_PROXY_PORT", default="8080", type=int, help="port to bind")
+    add_env_argument(
+        serve,
+        "--model-name",
+        "GYRE_PROXY_MODEL",
+        default="gyre-policy",
+        help="model name reported to clients",
+    )
+    add_env_argument(
+        serve,
+        "--harness",
+        "GYRE_PROXY_HARNESS",
+        default="claude-code",
+        help="harness plug-in: claude-code or generic",
+    )
+    add_env_argument(
+        serve,
+        "--context-limit",
+        "GYRE_PROXY_CONTEXT_LIMIT",
+        default="131072",
+        type=int,
+        help="largest input in tokens",
+    )
+    serve.set_defaults(func=run_serve)
+
+    executions = subparsers.add_parser("executions", help="register executions for harnesses")
+    esub = executions.add_subparsers(dest="executions_command", metavar="ACTION", required=True)
+    new = esub.add_parser("new", help="register an execution and print its API key and base URL")
+    add_store_arguments(new)
+    add_env_argument(new, "--harness", "GYRE_HARNESS", default="claude-code", help="claude-code or openai")
+    add_env_argument(new, "--run-id", "GYRE_RUN_ID", default="default", help="the run it belongs to")
+    add_env_argument(new, "--execution-id", "GYRE_EXECUTION_ID", help="default: a new id")
+    add_env_argument(
+        new, "--proxy-url", "GYRE_PROXY_URL", default="http://127.0.0.1:8080", help="where the proxy listens"
+    )
+    new.add_argument("--json", action="store_true", help="machine-readable output")
+    new.set_defaults(func=run_new)
+
+
+def _engines(args: argparse.Namespace) -> list[tuple[str, str]]:
+    import os
+
+    specs = args.engine or [s for s in os.environ.get("GYRE_PROXY_ENGINES", "").split(",") if s]
+    if not specs:
+        raise SystemExit("gyre proxy serve: give at least one --engine NAME=URL")
+    out = []
+    for spec in specs:
+        name, sep, url = spec.partition("=")
+        if not sep or not url.startswith("http"):
+            raise SystemExit(f"gyre proxy serve: --engine must be NAME=http://..., got {spec!r}")
+        out.append((name, url))
+    return out
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    config = ProxyConfig(
+        engines=_engines(args),
+        model_name=args.model_name,
+        harness=args.harness,
+        context_limit=args.context_limit,
+        host=args.host,
+        port=args.port,
+    )
+    stop = threading.Event()
+    with open_store(args) as opened, ProxyService(opened.log, config) as service:
+        # Follow the scheduler's routing decisions while serving.
+        def follow() -> None:
+            after = 0
+            for batch in subscribe(opened.log, after, types=["engine.routing_changed"], poll_s=1.0):
+                for ev in batch:
+                    service.router.apply(ev)
+                if stop.is_set():
+                    return
+
+        threading.Thread(target=follow, daemon=True).start()
+        console.print(f"gyre proxy on {service.base_url} -> {', '.join(n for n, _ in config.engines)}")
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            stop.set()
+    return 0
+
+
+def run_new(args: argparse.Namespace) -> int:
+    import uuid
+
+    execution_id = args.execution_id or f"{args.run_id}-{uuid.uuid4().hex[:8]}"
+    with open_store(args) as opened:
+        key = issue_key(opened.log, execution_id=execution_id, run_id=args.run_id, harness=args.harness)
+    base = args.proxy_url if args.harness != "openai" else args.proxy_url.rstrip("/") + "/v1"
+    if args.json:
+        print(
+            json.dumps(
+                {"execution_id": execution_id, "api_key": key, "base_url": base, "harness": args.harness}
+            )
+        )
+    else:
+        env = "ANTHROPIC" if args.harness != "openai" else "OPENAI"
+        console.print(f"execution {execution_id}\n  {env}_BASE_URL={base}\n  {env}_API_KEY={key}")
+    return 0
