@@ -198,7 +198,11 @@ class DecodeLoop:
 
         if request.cache is None:
             request.cache = DynamicCache(config=self.loaded.model.config)  # type: ignore[arg-type]
-        out = self.loaded.model(input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True)
+        # Only the last position's logits are needed: a long prompt over a large vocabulary
+        # would otherwise materialise prompt_len x vocab logits.
+        out = self.loaded.model(
+            input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True, logits_to_keep=1
+        )
         request.next_logits = out.logits[0, -1]
 
     def _step(self, request: _Request) -> None:
