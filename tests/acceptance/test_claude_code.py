@@ -8,6 +8,7 @@ the compaction branch, every request after the first extending its predecessor's
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -38,9 +39,9 @@ def claude_binary() -> str:
 
 
 def script(workspace: Path) -> dict[str, object]:
-    call = lambda name, args: (
-        "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
-    )  # noqa: E731
+    def call(name: str, args: dict[str, str]) -> str:
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
     # Checked in order against the prompt text: the most specific situation first.
     return {
         "rule": "match",
@@ -135,7 +136,7 @@ def test_claude_code_runs_through_the_proxy_and_its_tree_is_stored(
     roots = {view.nodes[view.path(r.end_node)[0]].root_id for r in records}
     assert len(roots) == 2  # the main agent's context root and the sub-agent's
     # every main request after the first extends the context stored before it
-    for before, after in zip(mains, mains[1:], strict=False):
+    for before, after in itertools.pairwise(mains):
         before_full = np.concatenate(
             [view.input_of(before.request_id)[0], view.output_of(before.request_id)[0]]
         )
