@@ -1,0 +1,82 @@
+"""Faults around the proxy core: the database away, contexts over the limit, no engine."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from gyre_proxy.keys import issue_key
+from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.refengine.model import ModelSource
+from gyre_proxy.service import ProxyConfig, ProxyService
+from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig, migrate
+from gyre_store.events import StreamId
+from tests import pgcluster
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[ReferenceEngineServer]:
+    (tmp_path / "s.json").write_text(json.dumps({"outputs": ["Fine."], "rule": "cycle"}))
+    cfg = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen"), max_context=4096, script=tmp_path / "s.json"
+    )
+    with ReferenceEngineServer(cfg) as server:
+        yield server
+
+
+@pytest.mark.skipif(not pgcluster.available(), reason="PostgreSQL server binaries not found")
+def test_records_wait_in_the_spool_while_the_database_is_down(engine: ReferenceEngineServer) -> None:
+    cluster = pgcluster.PrivateCluster().init()
+    try:
+        migrate.upgrade(cluster.url)
+        config = StoreConfig(cluster.url, retry=RetryPolicy(give_up_after_s=1.0))
+        with (
+            PostgresEventLog(config) as log,
+            ProxyService(log, ProxyConfig(engines=[("e", engine.base_url)])) as proxy,
+        ):
+            key = issue_key(log, execution_id="ex", run_id="r", harness="claude-code")
+            client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+            client.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": "one"}])
+            assert proxy.spool.flush(10)
+            cluster.stop("fast")
+            began = time.monotonic()
+            answer = client.messages.create(
+                model="m",
+                max_tokens=50,
+                messages=[
+                    {"role": "user", "content": "one"},
+                    {"role": "assistant", "content": "Fine."},
+                    {"role": "user", "content": "two"},
+                ],
+            )
+            assert answer.content[0].text == "Fine."  # type: ignore[union-attr]
+            assert time.monotonic() - began < 10  # the harness was not held up by the outage
+            assert proxy.spool.pending == 1
+            time.sleep(1.5)  # the spool keeps retrying against the dead database
+            assert proxy.spool.pending == 1
+            cluster.start()
+            assert proxy.spool.flush(60)
+            records = log.read_stream(StreamId("calls", "ex"))
+            assert len(records) == 2
+            assert records[1].event.prefix_of == records[0].event.request_id  # type: ignore[attr-defined]
+    finally:
+        cluster.destroy()
+
+
+def test_a_context_over_the_limit_is_the_apis_own_error(engine: ReferenceEngineServer) -> None:
+    from gyre_store import InMemoryEventLog
+
+    log = InMemoryEventLog()
+    with ProxyService(log, ProxyConfig(engines=[("e", engine.base_url)], context_limit=300)) as proxy:
+        key = issue_key(log, execution_id="ex", run_id="r", harness="claude-code")
+        client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+        with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
+            client.messages.create(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "word " * 2000}]
+            )
+        assert log.read_stream(StreamId("calls", "ex")) == []  # nothing recorded for a refused call
