@@ -6,6 +6,7 @@ everything else in gyre reads and writes through these names.
 
 from __future__ import annotations
 
+from . import training_events  # noqa: F401  (registers the train.* event types)
 from .catalog import (
     REGISTRY,
     CellRole,
@@ -19,6 +20,21 @@ from .catalog import (
     WeightsPublished,
 )
 from .config import RetryPolicy, StoreConfig
+from .evaluation import (
+    ArtifactPreserved,
+    EvaluationErrorKind,
+    EvaluationFailed,
+    EvaluationRecorded,
+    EvaluationStatus,
+    ExclusionReason,
+    ExecutionExcluded,
+    GroupConsumed,
+    PlaceholderInserted,
+    RewardAssigned,
+    consumption_key,
+    new_outcome,
+    outcome_key,
+)
 from .events import (
     AppendResult,
     Event,
@@ -41,6 +57,13 @@ from .exceptions import (
     UnknownEventType,
     UnknownProjection,
 )
+from .group_projections import (
+    EvaluationsProjection,
+    GroupsProjection,
+    GroupStatus,
+    OutcomeStatus,
+    evaluation_projections,
+)
 from .log import EventLog, iterate, subscribe
 from .payload import Payload
 from .pg_projections import PostgresProjectionStore
@@ -52,27 +75,40 @@ from .testing import InMemoryEventLog, InMemoryProjectionStore
 __all__ = [
     "REGISTRY",
     "AppendResult",
+    "ArtifactPreserved",
     "CellRole",
     "CellRoleChanged",
     "ConfigError",
+    "EvaluationErrorKind",
+    "EvaluationFailed",
+    "EvaluationRecorded",
+    "EvaluationStatus",
+    "EvaluationsProjection",
     "Event",
     "EventLog",
     "EventMetadata",
     "EventRegistry",
     "EventValidationError",
+    "ExclusionReason",
     "ExecutionDispatched",
+    "ExecutionExcluded",
     "ExecutionFinished",
     "ExecutionStarted",
     "FinishReason",
+    "GroupConsumed",
     "GroupDispatched",
+    "GroupStatus",
+    "GroupsProjection",
     "GyreStoreError",
     "InMemoryEventLog",
     "InMemoryProjectionStore",
     "Limits",
     "MalformedEvent",
     "NewEvent",
+    "OutcomeStatus",
     "Payload",
     "PayloadTooLarge",
+    "PlaceholderInserted",
     "PostgresEventLog",
     "PostgresProjectionStore",
     "Projection",
@@ -81,6 +117,7 @@ __all__ = [
     "ProjectionStore",
     "RecordedEvent",
     "RetryPolicy",
+    "RewardAssigned",
     "RowStore",
     "RunStarted",
     "StoreConfig",
@@ -91,8 +128,12 @@ __all__ = [
     "UnknownProjection",
     "WeightsPublished",
     "catch_up",
+    "consumption_key",
+    "evaluation_projections",
     "iterate",
     "lifecycle_projections",
+    "new_outcome",
+    "outcome_key",
     "rebuild",
     "subscribe",
 ]

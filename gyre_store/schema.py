@@ -163,3 +163,95 @@ tree_state = sa.Table(
     sa.Column("first_root", sa.Integer, nullable=True),
     sa.PrimaryKeyConstraint("execution_id", name="gyre_tree_state_pk"),
 )
+
+# --- evaluations, rewards and rollout groups (gyre_store.group_projections) ---
+
+artifacts = sa.Table(
+    "gyre_artifacts",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("artifact_version", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("branch_refs", pg.JSONB, nullable=False),
+    sa.Column("location", sa.Text, nullable=False),
+    sa.Column("preserved_position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("execution_id", "artifact_version", name="gyre_artifacts_pk"),
+)
+
+evaluations = sa.Table(
+    "gyre_evaluations",
+    metadata,
+    sa.Column("evaluation_id", sa.Text, nullable=False),
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("evaluator", sa.Text, nullable=False),
+    sa.Column("artifact_version", sa.Text, nullable=False),
+    sa.Column("branch_refs", pg.JSONB, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("error_kind", sa.Text, nullable=True),
+    sa.Column("score", sa.Float(precision=53), nullable=True),
+    sa.Column("score_low", sa.Float(precision=53), nullable=True),
+    sa.Column("score_high", sa.Float(precision=53), nullable=True),
+    sa.Column("finish_reason", sa.Text, nullable=True),
+    sa.Column("critique", sa.Text, nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("evaluation_id", name="gyre_evaluations_pk"),
+    sa.Index("gyre_evaluations_execution_ix", "execution_id", "position"),
+)
+
+rewards = sa.Table(
+    "gyre_rewards",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("reward", sa.Float(precision=53), nullable=True),
+    sa.Column("evaluation_id", sa.Text, nullable=True),
+    sa.Column("artifact_version", sa.Text, nullable=True),
+    sa.Column("branch_refs", pg.JSONB, nullable=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("execution_id", name="gyre_rewards_pk"),
+)
+
+groups = sa.Table(
+    "gyre_groups",
+    metadata,
+    sa.Column("group_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("query_id", sa.Text, nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("policy_version", sa.BigInteger, nullable=False),
+    sa.Column("dispatched", sa.Integer, nullable=False),
+    sa.Column("surplus", sa.Integer, nullable=False),
+    sa.Column("closed", sa.Integer, nullable=False),
+    sa.Column("valid", sa.Integer, nullable=False),
+    sa.Column("placeholders", sa.Integer, nullable=False),
+    sa.Column("excluded", sa.Integer, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("ready_position", sa.BigInteger, nullable=True),
+    sa.Column("consumed_step", sa.BigInteger, nullable=True),
+    sa.Column("consumed_position", sa.BigInteger, nullable=True),
+    sa.PrimaryKeyConstraint("group_id", name="gyre_groups_pk"),
+    sa.Index("gyre_groups_status_ix", "status", "policy_version", "ready_position"),
+)
+
+group_members = sa.Table(
+    "gyre_group_members",
+    metadata,
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("group_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.BigInteger, nullable=False),
+    sa.Column("finish_reason", sa.Text, nullable=True),
+    sa.Column("outcome", sa.Text, nullable=True),
+    sa.Column("reward", sa.Float(precision=53), nullable=True),
+    sa.Column("dispatched_position", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("execution_id", name="gyre_group_members_pk"),
+    sa.Index("gyre_group_members_group_ix", "group_id"),
+)

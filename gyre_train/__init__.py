@@ -1,9 +1,20 @@
-"""gyre_train: training-data logic of gyre (admission, advantages, the execution-level loss, packing).
+"""gyre_train: training-data logic of gyre (admission, advantages, the execution-level loss, packing)
+and streaming training (micro-step claims on Redis, cells, weight transport and publication).
 
-Pure and storage-independent: inputs are frozen typed structures that the event-store projection
-fills; the Redis claim queue, cells, gradient aggregation and weight publication live elsewhere.
+The training-data modules are pure: inputs are frozen typed structures that the event-store
+projection fills. Streaming training (claims, board, cells, weights, publish) talks to Redis,
+torch.distributed and the engines through small interfaces; see docs/streaming-training.md.
 """
 
+from gyre_train.ablation import (
+    PAPER_FB_FRACTION,
+    AblationReport,
+    AblationSetting,
+    ExecutionResult,
+    SettingSummary,
+    run_ablation,
+    run_execution,
+)
 from gyre_train.admission import (
     CLAUDE_CODE_ORDER,
     Admission,
@@ -22,17 +33,47 @@ from gyre_train.advantages import (
     RewardStatus,
     group_advantages,
 )
+from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.board import RedisBatchBoard, SnapshotBoard, SnapshotDescriptor
+from gyre_train.cells import BurstPlan, CellConfig, run_cell
+from gyre_train.claims import MicroStepQueue, Phase, QueueConfig, RedisMicroStepQueue, Task
+from gyre_train.cluster import CellCluster
+from gyre_train.evaluation import (
+    Clock,
+    EvaluationConfig,
+    EvaluationOutcome,
+    EvaluationResult,
+    EvaluationRunner,
+    Evaluator,
+    MonotonicClock,
+    PreservedState,
+    check_result,
+)
+from gyre_train.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
 from gyre_train.exceptions import (
     BatchClosedError,
+    EvaluatorFailure,
+    ExecutionNotClosedError,
+    GroupNotTrainableError,
     GyreTrainError,
     InvalidConfigError,
+    InvalidEvaluationError,
     InvalidLeafError,
     InvalidLossInputError,
     InvalidRewardsError,
     InvalidRowsError,
     InvalidTreeError,
     RowTooLongError,
+    UnknownExecutionError,
     UnknownGroupError,
+)
+from gyre_train.groups import GroupSourceConfig, StoreGroupSource, execution_rows
+from gyre_train.local_training import (
+    BatchResult,
+    gradient_share,
+    merge_shares,
+    ratio_share,
+    train_batch_locally,
 )
 from gyre_train.logprobs import block_causal_mask, packed_token_logprobs
 from gyre_train.loss import (
@@ -49,6 +90,7 @@ from gyre_train.loss import (
     step_log,
     token_loss,
 )
+from gyre_train.membership import ReducePlan, TakeOver, Wait, plan_reduction
 from gyre_train.objective import accumulate_sequence_ratios, micro_step_loss
 from gyre_train.packing import (
     BatchPacker,
@@ -60,7 +102,24 @@ from gyre_train.packing import (
     RowKey,
     select_oldest,
 )
+from gyre_train.publish import EnginePublisher, EnginePublisherConfig, WeightPublisher
 from gyre_train.rows import ExecutionRows, TokenRow, materialize_rows
+from gyre_train.streaming_errors import (
+    CellFailedError,
+    ClaimQueueError,
+    ContributionError,
+    PublicationError,
+    WeightTransportError,
+)
+from gyre_train.streaming_run import (
+    TINY_QWEN3,
+    DemoSummary,
+    SyntheticBatchConfig,
+    cell_configs,
+    demo_streaming,
+    enqueue_batch,
+    synthetic_batch,
+)
 from gyre_train.trajectory import (
     AdmissionTree,
     CandidateLeaf,
@@ -68,62 +127,144 @@ from gyre_train.trajectory import (
     LeafClass,
     NodeTokens,
 )
+from gyre_train.tree_adapter import StoredExecution, stored_execution
+from gyre_train.weights import MooncakeTransport, TorchDistributedTransport, WeightTransport, make_transport
+from gyre_train.wire import BatchManifest, ExecutionTotals, RatioShare, decode_micro_step, encode_micro_step
 
 __all__ = [
     "CLAUDE_CODE_ORDER",
+    "PAPER_FB_FRACTION",
+    "TINY_QWEN3",
+    "AblationReport",
+    "AblationSetting",
     "Admission",
     "AdmissionConfig",
     "AdmissionTree",
     "AdmittedTrajectory",
     "AdvantageConfig",
     "BatchClosedError",
+    "BatchManifest",
     "BatchPacker",
+    "BatchResult",
+    "BurstPlan",
+    "CallableEvaluator",
     "CandidateLeaf",
+    "CellCluster",
+    "CellConfig",
+    "CellFailedError",
+    "ClaimQueueError",
     "ClassPriority",
+    "Clock",
+    "CommandEvaluator",
+    "ContributionError",
+    "DemoSummary",
+    "EnginePublisher",
+    "EnginePublisherConfig",
+    "EvaluationConfig",
+    "EvaluationOutcome",
+    "EvaluationResult",
+    "EvaluationRunner",
+    "Evaluator",
+    "EvaluatorFailure",
     "ExecutionClip",
+    "ExecutionNotClosedError",
+    "ExecutionResult",
     "ExecutionReward",
     "ExecutionRows",
     "ExecutionSummary",
     "ExecutionTokens",
+    "ExecutionTotals",
     "FlatPriority",
     "GroupAdvantages",
+    "GroupNotTrainableError",
+    "GroupSourceConfig",
     "GroupTicket",
     "GyreTrainError",
     "InvalidConfigError",
+    "InvalidEvaluationError",
     "InvalidLeafError",
     "InvalidLossInputError",
     "InvalidRewardsError",
     "InvalidRowsError",
     "InvalidTreeError",
+    "JUnitCounts",
     "LeafClass",
     "LeafPriority",
     "LossConfig",
     "LossCounters",
     "MicroStep",
     "MicroStepLoss",
+    "MicroStepQueue",
+    "ModelSpec",
+    "MonotonicClock",
+    "MooncakeTransport",
     "NodeTokens",
+    "OptimizerConfig",
     "PackingConfig",
+    "Phase",
+    "PreservedState",
+    "PublicationError",
+    "QueueConfig",
+    "RatioShare",
     "ReadyGroup",
     "ReadyGroupSource",
+    "RedisBatchBoard",
+    "RedisMicroStepQueue",
+    "ReducePlan",
     "RewardStatus",
     "RowKey",
     "RowTooLongError",
     "SequenceRatioAccumulator",
+    "SettingSummary",
+    "SnapshotBoard",
+    "SnapshotDescriptor",
     "StepLog",
+    "StoreGroupSource",
+    "StoredExecution",
+    "SyntheticBatchConfig",
+    "TakeOver",
+    "Task",
     "TokenRow",
+    "TorchBackend",
+    "TorchDistributedTransport",
+    "TrainingBackend",
+    "UnknownExecutionError",
     "UnknownGroupError",
+    "Wait",
+    "WeightPublisher",
+    "WeightTransport",
+    "WeightTransportError",
     "accumulate_sequence_ratios",
     "admission_rng",
     "admit",
     "block_causal_mask",
+    "cell_configs",
+    "check_result",
     "clip_executions",
+    "decode_micro_step",
+    "demo_streaming",
+    "encode_micro_step",
+    "enqueue_batch",
     "execution_coefficient",
+    "execution_rows",
+    "gradient_share",
     "group_advantages",
     "log_ratio_sums",
+    "make_transport",
     "materialize_rows",
+    "merge_shares",
     "micro_step_loss",
     "packed_token_logprobs",
+    "plan_reduction",
+    "ratio_share",
+    "read_junit",
+    "run_ablation",
+    "run_cell",
+    "run_execution",
     "select_oldest",
     "step_log",
+    "stored_execution",
+    "synthetic_batch",
     "token_loss",
+    "train_batch_locally",
 ]

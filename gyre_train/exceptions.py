@@ -9,10 +9,17 @@ GyreTrainError
  ├── InvalidRowsError          materialized token rows are inconsistent
  ├── RowTooLongError           a token row does not fit in one micro-step
  ├── BatchClosedError          groups or micro-steps were asked of a closed batch
- └── UnknownGroupError         a group id is not ready in the source
+ ├── UnknownGroupError         a group id is not ready in the source
+ │   └── GroupNotTrainableError a group cannot become training input (overfull, rejected outcome)
+ ├── UnknownExecutionError     an evaluation names an execution that was never dispatched
+ ├── ExecutionNotClosedError   an execution was asked for its outcome before it closed
+ ├── InvalidEvaluationError    an evaluator's result is malformed, out of range or names an unknown artifact
+ └── EvaluatorFailure          an evaluator could not evaluate the preserved state (retryable)
 """
 
 from __future__ import annotations
+
+from gyre_store.evaluation import EvaluationErrorKind
 
 
 class GyreTrainError(Exception):
@@ -57,3 +64,27 @@ class BatchClosedError(GyreTrainError):
 
 class UnknownGroupError(GyreTrainError):
     """A group id is not ready in the source."""
+
+
+class GroupNotTrainableError(UnknownGroupError):
+    """A group cannot become training input."""
+
+
+class UnknownExecutionError(GyreTrainError):
+    """No execution of that id was ever dispatched."""
+
+
+class ExecutionNotClosedError(GyreTrainError):
+    """The execution has not closed yet; evaluate it after it finishes."""
+
+
+class InvalidEvaluationError(GyreTrainError):
+    """The evaluator's result cannot be a reward."""
+
+    def __init__(self, kind: EvaluationErrorKind, detail: str = "") -> None:
+        super().__init__(f"{kind.value}: {detail}" if detail else kind.value)
+        self.kind = kind
+
+
+class EvaluatorFailure(GyreTrainError):
+    """The evaluator could not evaluate the preserved state; the evaluation stays pending."""

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Sequence
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "tools.ablate",
     "tools.db",
     "tools.events",
     "tools.projections",

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gyre_store import PostgresEventLog, ProjectionSet, StoreConfig, lifecycle_projections, migrate
+from gyre_store import (
+    PostgresEventLog,
+    ProjectionSet,
+    StoreConfig,
+    evaluation_projections,
+    lifecycle_projections,
+    migrate,
+)
 from gyre_store.embedded import Services, default_data_dir, services
 from gyre_store.trees import TreeProjection
 from tools.cli import add_env_argument
@@ -48,7 +55,7 @@ class Opened:
 
 def all_projections() -> ProjectionSet:
     """Every projection gyre maintains, from all packages."""
-    return ProjectionSet([*lifecycle_projections(), TreeProjection()])
+    return ProjectionSet([*lifecycle_projections(), TreeProjection(), *evaluation_projections()])
 
 
 @contextlib.contextmanager

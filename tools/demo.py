@@ -2,7 +2,9 @@
 
 Reads top to bottom: open the store, record a run's lifecycle as events (groups
 dispatched, executions started and finished, cells changing roles, a publication), catch
-the projections up, then show the log, the waterlevel and a replay as of mid-run.
+the projections up, then show the log, the waterlevel and a replay as of mid-run. Then a
+rollout group of two synthetic Claude Code executions is evaluated (one after a timeout),
+and its rewards, admitted trajectories and the execution-level loss on a tiny Qwen3 are shown.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import random
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import track
 
@@ -24,6 +26,7 @@ from gyre_store import (
     GroupDispatched,
     InMemoryProjectionStore,
     NewEvent,
+    PostgresEventLog,
     PostgresProjectionStore,
     RunStarted,
     WeightsPublished,
@@ -35,6 +38,12 @@ from tools.common import add_store_arguments, all_projections, console, open_sto
 from tools.events import _line
 from tools.projections import print_rows
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from gyre_train import MicroStep
+
 
 def register(subparsers: Any) -> None:
     demo = subparsers.add_parser("demo", help="record and show a small run on the embedded default")
@@ -45,6 +54,12 @@ def register(subparsers: Any) -> None:
     )
     add_env_argument(
         demo, "--group-size", "GYRE_DEMO_GROUP_SIZE", default="4", type=int, help="executions per group N"
+    )
+    demo.add_argument(
+        "--no-training",
+        dest="training",
+        action="store_false",
+        help="skip the evaluation, admission and tiny-model loss part",
     )
     demo.set_defaults(func=run)
 
@@ -144,4 +159,176 @@ def run(args: argparse.Namespace) -> int:
         print_rows(
             "gyre_counters as of mid-run", [r for r in memory.dump("gyre_counters") if r["run_id"] == run_id]
         )
+        if args.training:
+            try:
+                import torch  # noqa: F401 - the loss part needs the train extra
+                import transformers  # noqa: F401
+            except ModuleNotFoundError as exc:
+                console.print(f"[dim]skipping rewards, admission and loss: {exc.name} is missing "
+                              "(pip install 'gyre[train]')[/dim]")  # fmt: skip
+            else:
+                training_demo(log, store, run_id, args.seed)
     return 0
+
+
+# -- from executions to a loss ------------------------------------------------------------------
+
+
+def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id: str, seed: int) -> None:
+    """Record a group of two executions, evaluate them, admit their trajectories, compute a loss."""
+    # Imported here: torch and transformers take seconds to load, and every `gyre` command
+    # builds the whole parser.
+    import torch
+
+    from gyre_proxy.chat_template import Qwen3Template
+    from gyre_proxy.harness import ClaudeCodeHarness
+    from gyre_proxy.ingest import Ingestor
+    from gyre_proxy.text_tokenizer import qwen_tokenizer
+    from gyre_proxy.tracegen import TraceConfig, TraceGenerator
+    from gyre_store.recorder import TrajectoryRecorder
+    from gyre_store.tree_view import TreeView
+    from gyre_train import (
+        AdmissionConfig,
+        AdvantageConfig,
+        BatchPacker,
+        CallableEvaluator,
+        EvaluationConfig,
+        EvaluationRunner,
+        GroupSourceConfig,
+        LossConfig,
+        LossCounters,
+        PackingConfig,
+        SequenceRatioAccumulator,
+        StoreGroupSource,
+        accumulate_sequence_ratios,
+        admission_rng,
+        admit,
+        micro_step_loss,
+        step_log,
+        stored_execution,
+    )
+
+    group, reasons = f"{run_id}-tg", (FinishReason.COMPLETED, FinishReason.HARNESS_TIMEOUT)
+    executions = [f"{group}-e{k}" for k in range(len(reasons))]
+    console.rule(f"from executions to a loss: group {group}")
+    log.append([NewEvent(GroupDispatched(group_id=group, run_id=run_id, query_id="repo-task", size=2,
+                                         policy_version=1))])  # fmt: skip
+    ingestor = Ingestor(TrajectoryRecorder(log), Qwen3Template(qwen_tokenizer()), ClaudeCodeHarness())
+    for k, (execution_id, reason) in enumerate(zip(executions, reasons, strict=True)):
+        log.append(
+            [
+                NewEvent(ExecutionDispatched(execution_id=execution_id, run_id=run_id, group_id=group,
+                                             policy_version=1)),
+                NewEvent(ExecutionStarted(execution_id=execution_id, run_id=run_id, engine="synthetic")),
+            ]
+        )  # fmt: skip
+        trace = TraceConfig(
+            seed=seed + k, main_requests=6, compact_at=4_000, subagents=1, subagent_requests=(2, 3),
+            subagent_compact_at=1_500, retry_every=7, tool_result_words=(15, 60), interrupt_at=3,
+        )  # fmt: skip
+        TraceGenerator(ingestor, trace).run(execution_id, run_id)
+        log.append([NewEvent(ExecutionFinished(execution_id=execution_id, run_id=run_id, reason=reason))])
+
+    # The evaluator sees only the preserved workspace; the second execution timed out and is
+    # scored on what it had done (partial scoring).
+    scores = {executions[0]: 0.8, executions[1]: 0.3}
+    evaluator = CallableEvaluator(lambda state: scores[state.execution_id], name="demo-tests")
+    runner = EvaluationRunner(log, evaluator, EvaluationConfig(max_attempts=2, retry_delay_s=0))
+    for k, execution_id in enumerate(executions):
+        runner.preserve(execution_id, f"commit-{k}a", branch_refs=["refs/heads/main"], location=f"/ws/{k}")
+        runner.settle(execution_id, deadline=float("inf"))
+    config = GroupSourceConfig(
+        AdmissionConfig(max_trajectories=2), AdvantageConfig(scale_by_std=True), seed=seed
+    )
+    source = StoreGroupSource(log, store, config, step=1)
+    source.ready_groups()
+    with log.pool.connection() as conn:
+        cur = conn.execute(
+            "SELECT execution_id, outcome, reward, evaluator, artifact_version, branch_refs, finish_reason, partial "
+            "FROM gyre_reward_provenance_v WHERE group_id = %s ORDER BY execution_id",
+            (group,),
+        )
+        cols = [d.name for d in cur.description or []]
+        print_rows("rewards (gyre_reward_provenance_v)", [dict(zip(cols, r, strict=True)) for r in cur])
+
+    admitted = []
+    for execution_id in executions:
+        stored = stored_execution(TreeView.load(store, execution_id))
+        admission = admit(stored.tree, config.admission, admission_rng(seed, execution_id))
+        for t in admission.trajectories:
+            admitted.append({"execution_id": execution_id, "draw": t.draw, "class": t.leaf_class.value,
+                             "targets L_r": t.target_count, "path nodes": len(stored.tree.paths[t.leaf_index])})  # fmt: skip
+    print_rows(f"admitted trajectories (J_max = {config.admission.max_trajectories})", admitted)
+
+    packer = BatchPacker(PackingConfig(token_budget=1 << 20, groups_per_batch=1, executions_per_group=2), 0)
+    steps = packer.pull(source)
+    model = _tiny_qwen3(max(int(s.token_ids.max()) for s in steps if len(s)) + 1)
+    loss_config = LossConfig()
+    accumulator = SequenceRatioAccumulator()
+    with torch.no_grad():
+        logprobs = [_target_logprobs(model, step) for step in steps]
+        for step, lp in zip(steps, logprobs, strict=True):
+            accumulate_sequence_ratios(step, lp, accumulator)
+        clip = accumulator.finish(packer.executions, loss_config)
+        shares = [
+            micro_step_loss(step, lp, clip, loss_config) for step, lp in zip(steps, logprobs, strict=True)
+        ]
+    total = float(sum(float(s.loss) for s in shares))
+    counters = LossCounters()
+    for share in shares:
+        counters = counters + share.counters
+    logged = step_log(total, clip, counters)
+    rows = [
+        {"execution_id": e, "advantage A_i": round(a.advantage, 3), "targets L_i": n,
+         "s_i": f"{ratio:.3e}", "clip m_i": int(m)}
+        for a, e, n, ratio, m in zip(packer.executions, clip.execution_ids, clip.target_counts,
+                                     clip.sequence_ratios, clip.clip_mask, strict=True)
+    ]  # fmt: skip
+    print_rows("execution-level objective, pass 1 (eq. 5)", rows)
+    console.print(
+        f"loss on a tiny Qwen3 with random weights: {total:.4e} over {len(steps)} micro-step(s) and "
+        f"{logged.target_tokens} targets (B*N = 2; clip fraction {logged.clip_fraction:.2f}). Random weights "
+        "disagree with the recorded behaviour logprobs, so s_i << 1 and the negative-advantage execution is "
+        "clipped."
+    )
+    for projection in all_projections():  # leave every live projection caught up with the log
+        catch_up(log, store, projection)
+
+
+def _tiny_qwen3(vocab_size: int) -> Qwen3ForCausalLM:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=4, max_position_embeddings=1 << 17,
+    )  # fmt: skip
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _target_logprobs(model: Qwen3ForCausalLM, step: MicroStep, chunk: int = 512) -> torch.Tensor:
+    """[T] logprobs at the micro-step's targets (0 elsewhere), one row at a time with a KV cache.
+
+    Equal to ``packed_token_logprobs`` at the targets, but never materializes a [T, T] mask or
+    [T, V] logits, so rows of tens of thousands of tokens fit in a laptop's memory.
+    """
+    import numpy as np
+    import torch
+    from transformers import DynamicCache
+
+    out = torch.zeros(len(step), dtype=torch.float32)
+    for r in range(len(step.row_starts) - 1):
+        lo, hi = int(step.row_starts[r]), int(step.row_starts[r + 1])
+        ids = torch.tensor(step.token_ids[lo:hi], dtype=torch.long)[None]  # [1, n]
+        cache = DynamicCache()
+        hidden = []
+        for start in range(0, hi - lo, chunk):
+            output = model.model(input_ids=ids[:, start : start + chunk], cache=cache, use_cache=True)
+            hidden.append(output.last_hidden_state[0])
+        states = torch.cat(hidden)  # [n, H]
+        targets = torch.from_numpy(np.flatnonzero(step.target_mask[lo:hi]))  # [U_r] positions >= 1
+        for part in torch.split(targets, chunk):
+            logits = model.lm_head(states[part - 1]).float()  # [u, V]
+            out[lo + part] = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, part, None])[:, 0]
+    return out

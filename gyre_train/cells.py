@@ -1,0 +1,400 @@
+"""Cells: the core and the satellites training one batch together, with dynamic membership.
+
+Every cell is a process with its own replica; cell 0, the core, holds the authoritative weights and
+the only optimizer. The K processes start together and build one communication group per prefix
+2..K once (backend processes stay alive across role changes); a satellite takes part in a batch by
+joining it in flight: it registers on the board, pulls the core's snapshot and starts claiming.
+When the core finds nothing left to claim it closes the join window, plans the reduction
+(membership.py), reduces the prefix's gradients onto itself with the prefix's group, makes one
+update, then broadcasts to the prefix (non-final update of a burst) or publishes to the engines
+(final update). Each batch pays one warm-up (join, pull) and one drain (report, reduce).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+import torch
+import torch.distributed as dist
+
+from gyre_store import EventLog, NewEvent, PostgresEventLog, StoreConfig
+from gyre_store.catalog import CellRole, CellRoleChanged, WeightsPublished
+from gyre_store.events import Event, EventMetadata
+from gyre_store.training_events import (
+    CellJoinedBatch,
+    ContributionAccepted,
+    MicroStepClaimed,
+    TrainingUpdate,
+    contribution_key,
+)
+from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.board import RedisBatchBoard
+from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue, Task
+from gyre_train.local_training import gradient_share, merge_shares, ratio_share
+from gyre_train.loss import ExecutionClip, LossConfig
+from gyre_train.membership import CORE, ReducePlan, TakeOver, Wait, plan_reduction
+from gyre_train.packing import MicroStep
+from gyre_train.publish import EnginePublisher, EnginePublisherConfig
+from gyre_train.streaming_errors import CellFailedError
+from gyre_train.weights import WeightTransport, make_transport
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class BurstPlan:
+    """Consecutive batches trained before one publication, and when satellites join.
+
+    `joins[s] = (p, n)`: satellite s joins the burst's p-th batch once n micro-step claims of it
+    were handed out, and stays until the burst ends (then returns to rollout).
+    """
+
+    batches: tuple[int, ...]
+    joins: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    core_stays: bool = True  # at the burst end: stay in training, or return to rollout
+
+
+@dataclass(frozen=True, slots=True)
+class CellConfig:
+    """Everything one cell process is built from (picklable: it crosses a process start)."""
+
+    run_id: str
+    cell: int
+    cells: int  # K
+    redis_url: str
+    dist_init: str  # e.g. tcp://127.0.0.1:29500, shared by all K cells
+    queue: QueueConfig
+    model: ModelSpec
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    transport: str = "torch"
+    dist_backend: str = "gloo"
+    database_url: str | None = None
+    engines: EnginePublisherConfig | None = None
+    output_dir: Path | None = None  # the core writes its flat parameters after each update here
+    step_delay_s: float = 0.0  # slows each gradient micro-step (tests of slow and dying cells)
+    wait_timeout_s: float = 120.0
+
+
+class _Recorder:
+    """Appends this cell's events when a database is configured; a no-op otherwise."""
+
+    def __init__(self, log: EventLog | None, run_id: str) -> None:
+        self._log = log
+        self._meta = EventMetadata(run_id=run_id)
+
+    def __call__(self, *events: Event, keys: tuple[str | None, ...] = ()) -> None:
+        if self._log is None or not events:
+            return
+        keyed = keys or (None,) * len(events)
+        self._log.append(
+            [NewEvent(e, idempotency_key=k, metadata=self._meta) for e, k in zip(events, keyed, strict=True)]
+        )
+
+
+class Cell:
+    """One cell process's state: replica, queue access, groups, transport, event recorder."""
+
+    def __init__(self, config: CellConfig, log: EventLog | None, client: redis.Redis) -> None:
+        self.config = config
+        self.redis = client
+        self.board = RedisBatchBoard(client, config.queue)
+        self.backend = TorchBackend(config.model, config.optimizer)
+        self.record = _Recorder(log, config.run_id)
+        self.transport: WeightTransport = make_transport(config.transport, self.board, config.cell)
+        # One group per participating prefix 2..K, built once by every process in the same order.
+        self.groups: dict[int, Any] = {k: dist.new_group(list(range(k))) for k in range(2, config.cells + 1)}
+        self.version = 0
+        self._steps: dict[tuple[int, int], MicroStep] = {}
+
+    # -- shared by core and satellites ---------------------------------------------------------
+
+    def _step(self, queue: RedisMicroStepQueue, index: int) -> MicroStep:
+        key = (queue.batch, index)
+        if key not in self._steps:
+            self._steps = {k: v for k, v in self._steps.items() if k[0] == queue.batch}
+            self._steps[key] = queue.micro_step(index)
+        return self._steps[key]
+
+    def process(
+        self, queue: RedisMicroStepQueue, task: Task, held: dict[str, int], clip: ExecutionClip | None
+    ) -> float:
+        """Compute one claimed task; returns the loss share (0 for pass 1)."""
+        c = self.config
+        step = self._step(queue, task.index)
+        self.record(
+            MicroStepClaimed(
+                run_id=c.run_id,
+                batch=queue.batch,
+                micro_step=task.index,
+                phase=int(task.phase),
+                cell=c.cell,
+                deliveries=task.deliveries,
+            )
+        )
+        if task.phase is Phase.RATIOS:
+            # Pass-1 shares are keyed by micro-step, first write wins: a redelivered task that
+            # computes it again changes nothing, so the claim is acknowledged at once.
+            queue.put_ratio(ratio_share(self.backend, step))
+            queue.ack([task.message_id])
+            return 0.0
+        if c.step_delay_s:
+            time.sleep(c.step_delay_s)
+        # Renewing proves the claim is still ours right before the gradient enters the replica;
+        # a claim taken over meanwhile is dropped here, never accumulated twice.
+        if task.message_id not in queue.renew(c.cell, [task.message_id]):
+            return 0.0
+        assert clip is not None  # gradient tasks exist only after the clip was stored
+        loss = gradient_share(self.backend, step, clip, c.loss)
+        held[task.message_id] = task.index
+        return loss
+
+    def reduce(self, plan: ReducePlan, loss: float) -> tuple[torch.Tensor, float]:
+        """Sum the prefix's gradients (and loss shares) onto the core with the prefix's group."""
+        flat = torch.cat([self.backend.flat_gradients(), torch.tensor([loss], dtype=torch.float32)])
+        if plan.prefix > 1:
+            dist.reduce(flat, dst=CORE, group=self.groups[plan.prefix])
+        return flat[:-1], float(flat[-1])
+
+    def broadcast(self, plan: ReducePlan, flat: torch.Tensor) -> torch.Tensor:
+        if plan.prefix > 1:
+            dist.broadcast(flat, src=CORE, group=self.groups[plan.prefix])
+        return flat
+
+    def wait_for(self, what: str, probe: Callable[[], T | None]) -> T:
+        deadline = time.monotonic() + self.config.wait_timeout_s
+        while (value := probe()) is None:
+            if time.monotonic() > deadline:
+                raise CellFailedError(
+                    f"cell {self.config.cell}: no {what} within {self.config.wait_timeout_s} s"
+                )
+            time.sleep(self.config.queue.poll_s)
+        return value
+
+    def role(self, role: CellRole, previous: CellRole, reason: str) -> None:
+        c = self.config
+        self.record(
+            CellRoleChanged(run_id=c.run_id, cell_index=c.cell, role=role, previous=previous, reason=reason)
+        )
+
+    def queue(self, batch: int) -> RedisMicroStepQueue:
+        return RedisMicroStepQueue(self.redis, self.config.queue, batch)
+
+
+def _core_batch(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]:
+    """Claim and compute until every task is handed out, then plan the reduction."""
+    queue, c = cell.queue(batch), cell.config
+    held: dict[str, int] = {}
+    clip: ExecutionClip | None = None
+    loss = 0.0
+    while True:
+        queue.renew(CORE, held)
+        cell.transport.serve()
+        task = queue.claim(CORE) or queue.reclaim(CORE)
+        if task is not None:
+            loss += cell.process(queue, task, held, clip)
+            continue
+        if clip is None:
+            manifest = queue.manifest()
+            if manifest is not None and queue.ratio_count() == manifest.micro_steps:
+                clip = merge_shares(queue.ratio_shares(), manifest.summaries(), c.loss)
+                queue.open_gradients(clip)
+            else:
+                time.sleep(c.queue.poll_s)
+            continue
+        members = cell.board.close_window(batch)
+        manifest = queue.manifest()
+        assert manifest is not None  # the clip exists only for a closed batch
+        decision = plan_reduction(
+            batch=batch,
+            micro_steps=manifest.micro_steps,
+            members=members,
+            alive=cell.board.alive(members),
+            drained={k: v for k, v in cell.board.drained(batch).items() if k in members},
+            core_held=held,
+            pending=queue.pending(),
+            final=final,
+        )
+        if isinstance(decision, Wait):
+            time.sleep(c.queue.poll_s)
+            continue
+        if isinstance(decision, TakeOver):
+            for message_id in decision.message_ids:
+                taken = queue.take_over(CORE, message_id)
+                if taken is not None:
+                    loss += cell.process(queue, taken, held, clip)
+            continue
+        cell.board.put_plan(decision)
+        return decision, loss
+
+
+def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
+    c = cell.config
+    publisher = EnginePublisher(c.engines) if c.engines is not None else None
+    cell.transport.expose(cell.backend.flat_parameters(), cell.version)
+    in_training = False
+    for burst in bursts:
+        if not in_training:
+            cell.role(CellRole.TRAINING, CellRole.ROLLOUT, "burst start")
+            in_training = True
+        for position, batch in enumerate(burst.batches):
+            final = position == len(burst.batches) - 1
+            cell.backend.zero_gradients()
+            cell.board.open_batch(batch, cell.version)
+            plan, loss = _core_batch(cell, batch, final)
+            gradients, loss = cell.reduce(plan, loss)
+            queue = cell.queue(batch)
+            queue.ack(plan.message_ids())
+            contributions: list[Event] = []
+            keys: list[str | None] = []
+            for member, held in zip(plan.cells, plan.held, strict=True):
+                for _, index in held:
+                    contributions.append(
+                        ContributionAccepted(
+                            run_id=c.run_id,
+                            batch=batch,
+                            micro_step=index,
+                            cell=member,
+                            policy_version=cell.version,
+                        )
+                    )
+                    keys.append(contribution_key(c.run_id, batch, index))
+            cell.record(*contributions, keys=tuple(keys))
+            norm = cell.backend.apply_update(gradients)
+            cell.version += 1
+            flat = cell.backend.flat_parameters()
+            cell.transport.expose(flat, cell.version)
+            if not final:
+                cell.broadcast(plan, flat)
+            elif publisher is not None:
+                publisher.publish(cell.backend, cell.version)
+            events: list[Event] = [
+                TrainingUpdate(
+                    run_id=c.run_id,
+                    batch=batch,
+                    policy_version=cell.version,
+                    cells=list(plan.cells),
+                    dropped=list(plan.dropped),
+                    micro_steps=len(plan.message_ids()),
+                    loss=loss,
+                    grad_norm=norm,
+                    final=final,
+                )
+            ]
+            if final and publisher is not None:
+                events.append(WeightsPublished(run_id=c.run_id, policy_version=cell.version, step=batch))
+            cell.record(*events)
+            if c.output_dir is not None:
+                torch.save(flat, c.output_dir / f"params-v{cell.version}.pt")
+            cell.board.put_updated(batch, cell.version)
+        if not burst.core_stays:
+            cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: core returns to rollout")
+            in_training = False
+
+
+def _satellite_batch(cell: Cell, batch: int) -> tuple[ReducePlan, float]:
+    queue, c = cell.queue(batch), cell.config
+    held: dict[str, int] = {}
+    loss = 0.0
+    while cell.board.plan(batch) is None:
+        queue.renew(c.cell, held)
+        task = queue.claim(c.cell) or queue.reclaim(c.cell)
+        if task is not None:
+            loss += cell.process(queue, task, held, queue.clip() if task.phase is Phase.GRADIENTS else None)
+            continue
+        if queue.clip() is not None:
+            break  # every gradient task is handed out: this cell has drained
+        time.sleep(c.queue.poll_s)
+    cell.board.report_drained(batch, c.cell, held)
+
+    # Keep the claims alive until the plan: they must not look like a dead cell's.
+    def plan_or_renew() -> ReducePlan | None:
+        queue.renew(c.cell, held)
+        return cell.board.plan(batch)
+
+    return cell.wait_for(f"plan of batch {batch}", plan_or_renew), loss
+
+
+def _run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
+    c = cell.config
+    flat = torch.empty(cell.backend.numel, dtype=torch.float32)
+    have: int | None = None  # the policy version this replica holds
+    for burst in bursts:
+        join = burst.joins.get(c.cell)
+        if join is None:
+            continue
+        position, claims_before = join
+        joined = False
+        for batch in burst.batches[position:]:
+            version = cell.wait_for(f"opening of batch {batch}", partial(cell.board.opened, batch))
+            queue = cell.queue(batch)
+            if not joined:
+
+                def join_point(q: RedisMicroStepQueue = queue, n: int = claims_before) -> bool | None:
+                    return True if q.claims_made() >= n or q.clip() is not None else None
+
+                cell.wait_for(f"join point of batch {batch}", join_point)
+            queue.renew(c.cell, [])  # heartbeat before joining: the core must see this cell alive
+            if not cell.board.join(batch, c.cell, version):
+                continue  # the window closed first: try the burst's next batch
+            if not joined:
+                cell.role(CellRole.TRAINING, CellRole.ROLLOUT, f"joined batch {batch}")
+                joined = True
+            cell.record(
+                CellJoinedBatch(
+                    run_id=c.run_id,
+                    batch=batch,
+                    cell=c.cell,
+                    policy_version=version,
+                    claims_before=queue.claims_made(),
+                    transport=cell.transport.name,
+                )
+            )
+            if have != version:
+                cell.transport.pull(flat, version, c.wait_timeout_s)
+                cell.backend.load_flat_parameters(flat)
+                have = version
+            cell.backend.zero_gradients()
+            plan, loss = _satellite_batch(cell, batch)
+            if c.cell in plan.cells:
+                cell.reduce(plan, loss)
+                if not plan.final:
+                    cell.backend.load_flat_parameters(cell.broadcast(plan, flat))
+                    have = version + 1
+            cell.backend.zero_gradients()
+        if joined:
+            cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: satellite returns to rollout")
+
+
+def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
+    """Entry point of one cell process: join the K-cell world, then train as core or satellite."""
+    dist.init_process_group(
+        config.dist_backend,
+        init_method=config.dist_init,
+        rank=config.cell,
+        world_size=config.cells,
+        timeout=datetime.timedelta(seconds=config.wait_timeout_s),
+    )
+    with contextlib.ExitStack() as stack:
+        client = redis.Redis.from_url(config.redis_url)
+        stack.callback(dist.destroy_process_group)
+        stack.callback(client.close)
+        log = (
+            stack.enter_context(PostgresEventLog(StoreConfig(config.database_url)))
+            if config.database_url
+            else None
+        )
+        cell = Cell(config, log, client)
+        stack.callback(cell.transport.close)
+        if config.cell == CORE:
+            _run_core(cell, bursts)
+        else:
+            _run_satellite(cell, bursts)

@@ -1,0 +1,175 @@
+"""Streaming training with real processes, real Redis and real PostgreSQL: the update equals one
+process training on the whole batch, with satellites joining at random micro-steps, membership
+changing across bursts, and a satellite killed with SIGKILL mid-batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from gyre_proxy.refengine import free_port
+from gyre_store import PostgresEventLog, iterate
+from gyre_store.catalog import CellRole, CellRoleChanged
+from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.cells import BurstPlan
+from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue
+from gyre_train.cluster import CellCluster
+from gyre_train.local_training import train_batch_locally
+from gyre_train.loss import LossConfig
+from gyre_train.packing import MicroStep
+from gyre_train.streaming_run import (
+    TINY_QWEN3,
+    SyntheticBatchConfig,
+    cell_configs,
+    enqueue_batch,
+    synthetic_batch,
+)
+from gyre_train.wire import ExecutionTotals
+
+SPEC = ModelSpec(TINY_QWEN3, seed=3)
+OPTIMIZER = OptimizerConfig(lr=1e-2)
+DATA = SyntheticBatchConfig(groups=2, executions=4, max_rows=2)
+Batch = tuple[list[MicroStep], tuple[ExecutionTotals, ...]]
+
+
+def _reference(batches: Sequence[Batch]) -> list[torch.Tensor]:
+    """Parameters after each update of one process training on each whole batch in turn."""
+    backend = TorchBackend(SPEC, OPTIMIZER)
+    out = []
+    for steps, executions in batches:
+        train_batch_locally(backend, steps, executions, LossConfig())
+        out.append(backend.flat_parameters())
+    return out
+
+
+def _assert_updates_equal(output: Path, reference: Sequence[torch.Tensor]) -> None:
+    initial = TorchBackend(SPEC).flat_parameters()
+    for version, expected in enumerate(reference, start=1):
+        got = torch.load(output / f"params-v{version}.pt")
+        moved = float((expected - initial).abs().max())
+        assert moved > 1e-3  # the update is not trivially zero
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        initial = expected
+
+
+def _events(log: PostgresEventLog) -> list[object]:
+    return [e.event for e in iterate(log)]
+
+
+def _contributions_exactly_once(events: list[object], batches: dict[int, int]) -> Counter[int]:
+    by_cell: Counter[int] = Counter()
+    seen: Counter[tuple[int, int]] = Counter()
+    for event in events:
+        if isinstance(event, ContributionAccepted):
+            seen[(event.batch, event.micro_step)] += 1
+            by_cell[event.cell] += 1
+    assert seen == Counter({(b, m): 1 for b, count in batches.items() for m in range(count)})
+    return by_cell
+
+
+def _mooncake_usable() -> bool:
+    if importlib.util.find_spec("mooncake") is None:
+        return False
+    try:
+        importlib.import_module("mooncake.engine")
+    except (ImportError, OSError):  # the wheel needs libibverbs1 from the OS
+        return False
+    return True
+
+
+MOONCAKE = pytest.param(
+    "mooncake",
+    marks=pytest.mark.skipif(
+        not _mooncake_usable(),
+        reason="MOONCAKE NOT INSTALLED: pip install '.[mooncake]' (and apt-get install libibverbs1) to test it",
+    ),
+)
+
+
+@pytest.mark.parametrize("transport", ["torch", MOONCAKE])
+def test_streaming_with_joining_satellites_equals_one_process(
+    transport: str, redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog,
+    database_url: str,
+) -> None:  # fmt: skip
+    rng = np.random.default_rng(7)
+    batches = [synthetic_batch(11, b, DATA) for b in range(3)]
+    sizes = {b: len(steps) for b, (steps, _) in enumerate(batches)}
+    # Burst 1: satellites 1 and 2 join batch 0 at random claims (in index order) and stay for
+    # batch 1; the core returns to rollout at its end. Burst 2: satellite 2 alone rejoins and
+    # must pull the published weights.
+    first = int(rng.integers(0, sizes[0]))
+    second = int(rng.integers(first, 2 * sizes[0]))
+    bursts = [
+        BurstPlan(batches=(0, 1), joins={1: (0, first), 2: (0, second)}, core_stays=False),
+        BurstPlan(batches=(2,), joins={2: (0, int(rng.integers(0, sizes[2])))}),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp)
+        configs = cell_configs(
+            cells=3, redis_url=redis_url, port=free_port(), model=SPEC, prefix=prefix, optimizer=OPTIMIZER,
+            transport=transport, output_dir=output, database_url=database_url,
+        )  # fmt: skip
+        with CellCluster(configs, bursts) as cluster:
+            for b, (steps, executions) in enumerate(batches):
+                enqueue_batch(RedisMicroStepQueue(redis_client, configs[0].queue, b), steps, executions, 0.02)
+            cluster.wait(timeout_s=120)
+        _assert_updates_equal(output, _reference(batches))
+    events = _events(pg_log)
+    by_cell = _contributions_exactly_once(events, sizes)
+    assert by_cell[0] > 0 and by_cell[1] + by_cell[2] > 0
+    updates = [e for e in events if isinstance(e, TrainingUpdate)]
+    assert [(u.policy_version, u.final) for u in updates] == [(1, False), (2, True), (3, True)]
+    roles = [(e.cell_index, e.role) for e in events if isinstance(e, CellRoleChanged)]
+    assert roles.count((0, CellRole.ROLLOUT)) == 1  # the core returned once, after burst 1
+    assert roles.count((1, CellRole.ROLLOUT)) == 1  # satellite 1 left at the end of burst 1
+    assert roles.count((2, CellRole.TRAINING)) == 2  # satellite 2 joined both bursts
+
+
+def test_a_satellite_killed_mid_batch_leaves_the_update_equal(
+    redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog, database_url: str
+) -> None:
+    data = dataclasses.replace(DATA, groups=4)
+    batch = synthetic_batch(5, 0, data)
+    steps, executions = batch
+    queue_config = QueueConfig(prefix, claim_timeout_s=1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp)
+        configs = cell_configs(
+            cells=3, redis_url=redis_url, port=free_port(), model=SPEC, queue=queue_config,
+            optimizer=OPTIMIZER, output_dir=output, database_url=database_url,
+        )  # fmt: skip
+        # Gradients are slowed down (satellite 2 most), so satellite 2 is caught holding claims
+        # it has accumulated and one it is computing.
+        configs = [dataclasses.replace(c, step_delay_s=0.3 if c.cell == 2 else 0.1) for c in configs]
+        bursts = [BurstPlan(batches=(0,), joins={1: (0, 0), 2: (0, 0)})]
+        queue = RedisMicroStepQueue(redis_client, queue_config, 0)
+        with CellCluster(configs, bursts) as cluster:
+            enqueue_batch(queue, steps, executions)
+            deadline = time.monotonic() + 60
+            while sum(c.cell == 2 for c in queue.pending() if queue.clip() is not None) < 2:
+                assert time.monotonic() < deadline, "satellite 2 never held two gradient claims"
+                time.sleep(0.005)
+            cluster.kill(2)
+            cluster.wait(timeout_s=120)
+        _assert_updates_equal(output, _reference([batch]))
+    events = _events(pg_log)
+    by_cell = _contributions_exactly_once(events, {0: len(steps)})
+    assert by_cell[2] == 0
+    gradient_claims = [e for e in events if isinstance(e, MicroStepClaimed) and e.phase == Phase.GRADIENTS]
+    lost = {e.micro_step for e in gradient_claims if e.cell == 2}
+    assert lost
+    taken_over = {e.micro_step for e in gradient_claims if e.cell != 2 and e.deliveries > 1}
+    assert lost <= taken_over
+    update = next(e for e in events if isinstance(e, TrainingUpdate))
+    assert update.cells == [0, 1] and update.micro_steps == len(steps)
