@@ -61,6 +61,12 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="skip the evaluation, admission and tiny-model loss part",
     )
+    demo.add_argument(
+        "--no-serving",
+        dest="serving",
+        action="store_false",
+        help="skip the executions through the proxy and the streaming-training part",
+    )
     demo.set_defaults(func=run)
 
 
@@ -126,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
     projections = all_projections()
-    with open_store(args) as opened:
+    with open_store(args, with_redis=args.serving) as opened:
         log = opened.log
         start = log.head()
         console.rule(f"[bold]gyre demo: run {run_id}")
@@ -168,6 +174,13 @@ def run(args: argparse.Namespace) -> int:
                               "(pip install 'gyre[train]')[/dim]")  # fmt: skip
             else:
                 training_demo(log, store, run_id, args.seed)
+        if args.serving:
+            from tools.demo_parts import proxy_part, streaming_part
+
+            console.rule("executions through the proxy (reference engine, scripted tool calls)")
+            proxy_part(log, console)
+            console.rule("streaming training: a core and a satellite, one batch, published to an engine")
+            streaming_part(opened.services.redis_url, opened.services.database_url, console)
     return 0
 
 

@@ -36,7 +36,7 @@ def test_db_upgrade_and_check_on_an_empty_database() -> None:
 
 def test_demo_then_tail_rebuild_and_replay(fresh_database_url: str) -> None:
     env = {"GYRE_DATABASE_URL": fresh_database_url}
-    demo = gyre("demo", "--groups", "2", "--group-size", "3", env=env)
+    demo = gyre("demo", "--groups", "2", "--group-size", "3", "--no-serving", env=env)
     assert demo.returncode == 0, demo.stderr
     assert "waterlevel" in demo.stdout and "replay as of position" in demo.stdout
 
@@ -72,6 +72,8 @@ def test_demo_runs_on_the_embedded_default(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "embedded PostgreSQL" in out.stdout
     assert "gyre_waterlevel_v" in out.stdout
+    assert "tool_use Bash" in out.stdout  # executions went through the proxy
+    assert "the engine now reports weight version '1'" in out.stdout
     # a second run reuses the same data folder
-    again = gyre("demo", "--data-dir", str(tmp_path / "gyre-data"))
+    again = gyre("demo", "--no-training", "--no-serving", "--data-dir", str(tmp_path / "gyre-data"))
     assert again.returncode == 0, again.stderr
