@@ -43,6 +43,12 @@ SELECT out_position, out_stream_version, out_duplicate
                       %s::bigint[])
 """
 
+APPEND_ONE = """
+SELECT out_position, out_stream_version, out_duplicate
+  FROM gyre_append_one_v1(%s::uuid, %s::text, %s::text, %s::bigint, %s::text, %s::integer, %s::text,
+                          %s::jsonb, %s::bytea, %s::uuid, %s::uuid, %s::text, %s::bigint)
+"""
+
 LOCK_AND_HEAD = "SELECT gyre_append_lock_v1()"
 
 EXISTING_KEYS = """
