@@ -9,14 +9,14 @@ older schema versions. It knows nothing of SQL.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
-from .exceptions import MalformedEvent, PayloadTooLarge, UnknownEventType
+from .exceptions import MalformedEvent, PayloadTooLarge, StreamVersionConflict, UnknownEventType
 from .payload import Payload
 
 
@@ -261,3 +261,44 @@ class EventRegistry:
         """Build a typed event from a plain mapping (a CLI or HTTP caller's input)."""
         cls = self.type_of(name)
         return self.from_body(name, schema_version or cls.schema_version, msgspec.json.encode(body))
+
+
+def plan_append(
+    batch: Sequence[EncodedEvent],
+    head: int,
+    versions: dict[StreamId, int],
+    existing: Mapping[str, AppendResult],
+) -> list[AppendResult]:
+    """Where each event of ``batch`` lands, given the log's head, stream versions and known keys.
+
+    The one rule every storage adapter follows (PostgreSQL's append function applies the
+    same one in SQL): a known or repeated idempotency key is a duplicate of the original;
+    otherwise the event's expected version must equal its stream's version, and it takes
+    the next position and the next stream version. ``versions`` is updated in place.
+    Raises StreamVersionConflict, before anything is written.
+    """
+    results: list[AppendResult] = []
+    seen: dict[str, AppendResult] = {}
+    for e in batch:
+        key = e.new.idempotency_key
+        prior = None if key is None else (existing.get(key) or seen.get(key))
+        if prior is not None:
+            results.append(AppendResult(prior.position, prior.stream_version, duplicate=True))
+            continue
+        current = versions.get(e.stream, 0)
+        expected = e.new.expected_version
+        if expected is not None and expected != current:
+            raise StreamVersionConflict(
+                f"stream {e.stream} is at version {current}, expected {expected}",
+                stream_type=e.stream.type,
+                stream_id=e.stream.id,
+                expected=expected,
+                actual=current,
+            )
+        head += 1
+        versions[e.stream] = current + 1
+        result = AppendResult(head, current + 1, duplicate=False)
+        if key is not None:
+            seen[key] = result
+        results.append(result)
+    return results

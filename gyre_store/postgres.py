@@ -29,6 +29,7 @@ from .events import (
     NewEvent,
     RecordedEvent,
     StreamId,
+    plan_append,
 )
 from .exceptions import GyreStoreError, StoreUnavailable, StreamVersionConflict
 from .payload import Payload
@@ -229,10 +230,10 @@ class PostgresEventLog:
     def plan_copy(conn: psycopg.Connection[Any], batch: list[EncodedEvent], head: int) -> list[AppendResult]:
         """Decide each event's position and version under the lock, as the function would."""
         keys = [e.new.idempotency_key for e in batch if e.new.idempotency_key is not None]
-        existing: dict[str, tuple[int, int]] = {}
+        existing: dict[str, AppendResult] = {}
         if keys:
             for key, pos, ver in conn.execute(queries.EXISTING_KEYS, (keys,)):
-                existing[key] = (int(pos), int(ver))
+                existing[key] = AppendResult(int(pos), int(ver), duplicate=True)
         streams = sorted({e.stream for e in batch})
         versions: dict[StreamId, int] = {
             StreamId(t, i): int(v)
@@ -240,33 +241,7 @@ class PostgresEventLog:
                 queries.STREAM_HEADS, ([s.type for s in streams], [s.id for s in streams])
             )
         }
-        results: list[AppendResult] = []
-        seen: dict[str, AppendResult] = {}
-        for e in batch:
-            key = e.new.idempotency_key
-            if key is not None and key in existing:
-                results.append(AppendResult(*existing[key], duplicate=True))
-                continue
-            if key is not None and key in seen:
-                results.append(AppendResult(seen[key].position, seen[key].stream_version, duplicate=True))
-                continue
-            current = versions[e.stream]
-            expected = e.new.expected_version
-            if expected is not None and expected != current:
-                raise StreamVersionConflict(
-                    f"stream {e.stream} is at version {current}, expected {expected}",
-                    stream_type=e.stream.type,
-                    stream_id=e.stream.id,
-                    expected=expected,
-                    actual=current,
-                )
-            head += 1
-            versions[e.stream] = current + 1
-            result = AppendResult(head, current + 1, duplicate=False)
-            if key is not None:
-                seen[key] = result
-            results.append(result)
-        return results
+        return plan_append(batch, head, versions, existing)
 
     @staticmethod
     def copy_rows(

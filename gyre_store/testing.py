@@ -14,8 +14,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from .catalog import REGISTRY
-from .events import AppendResult, EventRegistry, Limits, NewEvent, RecordedEvent, StreamId
-from .exceptions import StreamVersionConflict
+from .events import AppendResult, EventRegistry, Limits, NewEvent, RecordedEvent, StreamId, plan_append
 from .payload import Payload
 from .projections import Key, Row, RowStore
 
@@ -40,50 +39,31 @@ class InMemoryEventLog:
         encoded = [self._registry.encode(e, self._limits) for e in events]
         with self._cond:
             versions = dict(self._versions)
-            staged: list[RecordedEvent] = []
-            seen: dict[str, AppendResult] = {}
-            results: list[AppendResult] = []
-            head = len(self._events)
+            results = plan_append(encoded, len(self._events), versions, self._keys)
             now = datetime.now(UTC)
-            for enc in encoded:
-                key = enc.new.idempotency_key
-                prior = self._keys.get(key) if key is not None else None
-                prior = prior or (seen.get(key) if key is not None else None)
-                if prior is not None:
-                    results.append(AppendResult(prior.position, prior.stream_version, duplicate=True))
-                    continue
-                current = versions.get(enc.stream, 0)
-                expected = enc.new.expected_version
-                if expected is not None and expected != current:
-                    raise StreamVersionConflict(
-                        f"stream {enc.stream} is at version {current}, expected {expected}",
-                        stream_type=enc.stream.type,
-                        stream_id=enc.stream.id,
-                        expected=expected,
-                        actual=current,
-                    )
-                head += 1
-                versions[enc.stream] = current + 1
-                result = AppendResult(head, current + 1, duplicate=False)
-                if key is not None:
-                    seen[key] = result
-                results.append(result)
-                staged.append(
-                    RecordedEvent(
-                        position=head,
-                        stream=enc.stream,
-                        stream_version=current + 1,
-                        event_type=enc.event_type,
-                        schema_version=enc.schema_version,
-                        event_id=enc.new.event_id,
-                        idempotency_key=key,
-                        # Decode what was encoded, as a round trip through a database would.
-                        event=self._registry.from_body(enc.event_type, enc.schema_version, enc.body),
-                        payload=Payload.decode(enc.payload) if enc.payload is not None else None,
-                        metadata=enc.metadata,
-                        recorded_at=now,
-                    )
+            staged = [
+                RecordedEvent(
+                    position=r.position,
+                    stream=enc.stream,
+                    stream_version=r.stream_version,
+                    event_type=enc.event_type,
+                    schema_version=enc.schema_version,
+                    event_id=enc.new.event_id,
+                    idempotency_key=enc.new.idempotency_key,
+                    # Decode what was encoded, as a round trip through a database would.
+                    event=self._registry.from_body(enc.event_type, enc.schema_version, enc.body),
+                    payload=Payload.decode(enc.payload) if enc.payload is not None else None,
+                    metadata=enc.metadata,
+                    recorded_at=now,
                 )
+                for enc, r in zip(encoded, results, strict=True)
+                if not r.duplicate
+            ]
+            seen = {
+                enc.new.idempotency_key: r
+                for enc, r in zip(encoded, results, strict=True)
+                if enc.new.idempotency_key is not None and not r.duplicate
+            }
             for ev in staged:
                 self._events.append(ev)
                 self._by_stream.setdefault(ev.stream, []).append(ev)
