@@ -76,6 +76,10 @@ class TrajectoryRecorder:
         self._contexts: dict[str, ExecutionContext] = {}
         self._lock = threading.Lock()
 
+    @property
+    def log(self) -> EventLog:
+        return self._log
+
     def context(self, execution_id: str) -> ExecutionContext:
         """The execution's stored state, loaded from the log on first use."""
         with self._lock:
