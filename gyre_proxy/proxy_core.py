@@ -80,7 +80,7 @@ class GyreProxyCore:
             self.spool.flush()
             full: dict[str, npt.NDArray[np.int32]] = {}
             recorder: TrajectoryRecorder = self.ingestor.recorder
-            for ev in recorder._log.read_stream(StreamId("calls", execution_id)):
+            for ev in recorder.log.read_stream(StreamId("calls", execution_id)):
                 e = ev.event
                 assert isinstance(e, ModelCallRecorded)
                 a = TitoArrays.from_payload(ev.payload)
