@@ -202,3 +202,28 @@ def test_a_client_disconnect_aborts_and_keeps_the_partial_record(proxy: ProxySer
         time.sleep(0.1)
     aborted = [r for r in view.records.values() if r.finish == "abort"]
     assert aborted and aborted[0].output_len > 0
+
+
+def test_a_restarted_proxy_continues_an_execution_from_the_log(engines: list[ReferenceEngineServer]) -> None:
+    log = InMemoryEventLog()
+    cfg = ProxyConfig(engines=[("engine-0", engines[0].base_url)], context_limit=8192)
+    key = issue_key(log, execution_id="ex5", run_id="run1", harness="claude-code")
+    messages: list[dict] = [{"role": "user", "content": "What is in this folder?"}]
+    with ProxyService(log, cfg) as first_proxy:
+        client = anthropic.Anthropic(base_url=first_proxy.base_url, api_key=key, max_retries=0)
+        first = client.messages.create(model="gyre", max_tokens=300, tools=TOOLS, messages=messages)
+    use = next(b for b in first.content if b.type == "tool_use")
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}]},
+    ]
+    with ProxyService(log, cfg) as second_proxy:  # a new process: nothing in memory
+        client = anthropic.Anthropic(base_url=second_proxy.base_url, api_key=key, max_retries=0)
+        client.messages.create(model="gyre", max_tokens=1000, tools=TOOLS, messages=messages)
+        view = tree(second_proxy, "ex5")
+    records = sorted(view.records.values(), key=lambda r: r.seq)
+    assert len(records) == 2
+    first_full = np.concatenate(
+        [view.input_of(records[0].request_id)[0], view.output_of(records[0].request_id)[0]]
+    )
+    np.testing.assert_array_equal(view.input_of(records[1].request_id)[0][: len(first_full)], first_full)
