@@ -66,7 +66,35 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # a subcommand group not built yet
             raise
         module.register(subparsers)
+    _env_fallbacks(parser, "GYRE")
     return parser
+
+
+def _env_fallbacks(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """Give every option that has no environment fallback yet one named after its command.
+
+    ``gyre events tail --follow`` reads ``GYRE_EVENTS_TAIL_FOLLOW``; flags take 1/true/yes,
+    repeatable options a comma-separated list. The variable is shown in ``--help``.
+    """
+    for action in parser._actions:  # argparse keeps no public list of its actions
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                _env_fallbacks(sub, f"{prefix}_{name.upper().replace('-', '_')}")
+            continue
+        if not action.option_strings or action.dest == "help" or "(env " in (action.help or ""):
+            continue
+        flag = max(action.option_strings, key=len)
+        var = f"{prefix}_{flag.lstrip('-').upper().replace('-', '_')}"
+        raw = os.environ.get(var)
+        if raw is not None:
+            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+                on = raw.strip().lower() in ("1", "true", "yes", "on")
+                action.default = on if isinstance(action, argparse._StoreTrueAction) else not on
+            elif isinstance(action, argparse._AppendAction):
+                action.default = [s for s in raw.split(",") if s]
+            else:
+                action.default = action.type(raw) if callable(action.type) else raw
+        action.help = f"{action.help or ''} (env {var})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
