@@ -33,6 +33,7 @@ from gyre_train.advantages import (
     RewardStatus,
     group_advantages,
 )
+from gyre_train.backend_megatron import MegatronBackend, MegatronModelSpec
 from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
 from gyre_train.board import RedisBatchBoard, SnapshotBoard, SnapshotDescriptor
 from gyre_train.cells import BurstPlan, CellConfig, run_cell
@@ -192,6 +193,8 @@ __all__ = [
     "LeafPriority",
     "LossConfig",
     "LossCounters",
+    "MegatronBackend",
+    "MegatronModelSpec",
     "MicroStep",
     "MicroStepLoss",
     "MicroStepQueue",
