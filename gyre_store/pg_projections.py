@@ -95,6 +95,13 @@ class _PgRows(RowStore):
         for t in tables:
             self._buffer[t].clear()
 
+    def lock_checkpoint(self, name: str) -> int:
+        self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{self._schema}:{name}",))
+        row = self._conn.execute(
+            sql.SQL(queries.GET_CHECKPOINT).format(sql.Identifier(self._schema, "gyre_checkpoints")), (name,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def set_checkpoint(self, name: str, position: int) -> None:
         self._conn.execute(
             sql.SQL(queries.SET_CHECKPOINT).format(sql.Identifier(self._schema, "gyre_checkpoints")),

@@ -97,6 +97,15 @@ class RowStore(ABC):
     @abstractmethod
     def set_checkpoint(self, name: str, position: int) -> None: ...
 
+    @abstractmethod
+    def lock_checkpoint(self, name: str) -> int:
+        """Take the projection's lock until the transaction ends; return its checkpoint.
+
+        Two projectors of the same projection (a trainer and a CLI, say) must not both
+        apply the events after one checkpoint: the second waits, then starts where the
+        first stopped.
+        """
+
 
 class ProjectionStore(Protocol):
     """Where projections keep their rows and checkpoints."""
@@ -157,16 +166,17 @@ def catch_up(
     exactly where the last committed batch ended.
     """
     end = log.head() if until is None else until
-    position = store.checkpoint(projection.checkpoint_name)
-    while position < end:
-        events = log.read(position, limit=batch, until=end, types=projection.event_types)
-        # A short batch means nothing relevant remains up to ``end``: all of it is handled.
-        stop = events[-1].position if len(events) == batch else end
+    name = projection.checkpoint_name
+    while True:
         with store.transaction() as rows:
+            position = rows.lock_checkpoint(name)
+            if position >= end:
+                return position
+            events = log.read(position, limit=batch, until=end, types=projection.event_types)
+            # A short batch means nothing relevant remains up to ``end``: all of it is handled.
+            stop = events[-1].position if len(events) == batch else end
             _apply(rows, projection, events)
-            rows.set_checkpoint(projection.checkpoint_name, stop)
-        position = stop
-    return position
+            rows.set_checkpoint(name, stop)
 
 
 def rebuild(
@@ -180,6 +190,7 @@ def rebuild(
     """Drop the projection's rows and fold the log again up to ``until``, in one transaction."""
     end = log.head() if until is None else until
     with store.transaction() as rows:
+        rows.lock_checkpoint(projection.checkpoint_name)
         rows.truncate([t.name for t in projection.tables])
         position = 0
         while position < end:

@@ -139,6 +139,10 @@ class _MemoryRows(RowStore):
     def set_checkpoint(self, name: str, position: int) -> None:
         self._checkpoints[name] = position
 
+    def lock_checkpoint(self, name: str) -> int:
+        # The store's lock already serializes transactions.
+        return self._checkpoints.get(name, self._store.checkpoints.get(name, 0))
+
     def commit(self) -> None:
         for t in self._truncated:
             self._store.data[t].clear()

@@ -118,3 +118,32 @@ def test_a_reader_that_does_not_know_a_type_still_reads_the_log(database_url: st
         [ev] = log.read(0)
     assert isinstance(ev.event, OpaqueEvent)
     assert ev.event.type_name == "thing.happened" and b"size_bytes" in bytes(ev.event.body)
+
+
+def test_concurrent_projectors_apply_each_event_once(pg_log: PostgresEventLog) -> None:
+    import threading
+
+    from gyre_store.catalog import ExecutionDispatched
+
+    for i in range(0, 600, 100):
+        pg_log.append(
+            [
+                NewEvent(
+                    ExecutionDispatched(execution_id=f"c{j}", run_id="r", group_id="g", policy_version=0)
+                )
+                for j in range(i, i + 100)
+            ]
+        )
+    counters = lifecycle_projections().get("counters")
+    store = PostgresProjectionStore(pg_log.pool, {t.name: t for t in counters.tables})
+    threads = [
+        threading.Thread(target=catch_up, args=(pg_log, store, counters), kwargs={"batch": 37})
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    [row] = store.dump("gyre_counters")
+    assert row["dispatched"] == 600
+    assert store.checkpoint(counters.checkpoint_name) == pg_log.head()
