@@ -79,6 +79,12 @@ class Ingestor:
         n_out = int(output_ids.shape[0])
         aborted = finish == CallFinish.ABORT
         trainable = (not aborted) if delivered is None else delivered
+        complete = (
+            assistant is not None
+            and not aborted
+            and n_out > 0
+            and int(output_ids[-1]) == self.template.im_end
+        )
         arrays = TitoArrays(
             input_ids=enc.new_ids,
             input_prov=enc.new_prov,
@@ -88,8 +94,10 @@ class Ingestor:
             output_logprobs=np.asarray(output_logprobs, dtype=np.float32),
             output_prov=np.full(n_out, Provenance.SAMPLED, dtype=np.uint8),
             output_trainable=np.full(n_out, trainable, dtype=np.bool_),
+            # Only a complete answer (ending in <|im_end|>) may be reused as history: a
+            # truncated one comes back from the harness and is rendered whole instead.
             output_hash=output_hash(enc, assistant)
-            if assistant is not None and not aborted
+            if complete and assistant is not None
             else np.zeros(0, np.uint32),
         )
         event = ModelCallRecorded(

@@ -27,7 +27,7 @@ from gyre_store.tito import CallFinish, ModelCallRecorded, TitoArrays
 from .api_errors import ContextTooLong, Overloaded
 from .core import ExecutionAuth, MessageDone, MessageStart, StreamEvent
 from .engine_types import FinishKind, SamplingConfig
-from .exceptions import ContextLengthExceeded, EngineBadRequest, EngineError
+from .exceptions import ContextLengthExceeded, EngineBadRequest, EngineError, EngineUnavailable
 from .ingest import Ingestor, Prepared, continuation
 from .messages import Block, ChatRequest, ChatResponse, Message, Role
 from .output_parser import OutputParser, stop_reason_for
@@ -153,7 +153,10 @@ class GyreProxyCore:
         current: tuple[RoutedEngine, str] | None = None
         try:
             for attempt in range(MAX_ATTEMPTS):
-                routed = self.router.engine_for(ex)
+                try:
+                    routed = self.router.engine_for(ex)
+                except EngineUnavailable as exc:
+                    raise Overloaded("no engine is accepting requests; retry later") from exc
                 engine_name = routed.name
                 remaining = request.max_tokens - len(out_ids)
                 sampling = SamplingConfig(
@@ -209,13 +212,13 @@ class GyreProxyCore:
                     break
                 # Record what this attempt produced (the harness has it) and continue elsewhere.
                 self.rerouted += 1
-                self.router.mark_failed(routed.name, ex)
                 attempt_id = rid
                 self._stage(
-                    attempt_prepared, attempt_id, out_ids[attempt_start:], out_lp[attempt_start:], None,
+                    attempt_prepared, attempt_id, input_ids, out_ids, out_lp, attempt_start, None,
                     CallFinish.ABORT, delivered=True, engine=routed.name, versions=versions, retry_of=retry_of,
                     started=started, first_token_s=first_token_s,
                 )  # fmt: skip
+                self.router.mark_failed(routed.name, ex)
                 attempt_prepared = continuation(prepared, attempt_id, len(out_ids))
                 retry_of = attempt_id
                 attempt_start = len(out_ids)
@@ -227,10 +230,9 @@ class GyreProxyCore:
             blocks_out.append(parser.blocks)
             assistant = Message(Role.ASSISTANT, parser.blocks)
             self._stage(
-                attempt_prepared, request_id, out_ids[attempt_start:], out_lp[attempt_start:], assistant,
+                attempt_prepared, request_id, input_ids, out_ids, out_lp, attempt_start, assistant,
                 CallFinish.LENGTH if finish == FinishKind.LENGTH else CallFinish.STOP, delivered=True,
                 engine=engine_name, versions=versions, retry_of=retry_of, started=started, first_token_s=first_token_s,
-                full_context=np.concatenate([input_ids, np.asarray(out_ids, dtype=np.int32)]),
             )  # fmt: skip
             for ev in events:
                 yield ev
@@ -240,7 +242,7 @@ class GyreProxyCore:
                 if current is not None:
                     await _quiet_abort(*current)
                 self._stage(
-                    attempt_prepared, f"{request_id}-cut", out_ids[attempt_start:], out_lp[attempt_start:], None,
+                    attempt_prepared, f"{request_id}-cut", input_ids, out_ids, out_lp, attempt_start, None,
                     CallFinish.ABORT, delivered=False, engine=engine_name, versions=versions, retry_of=retry_of,
                     started=started, first_token_s=first_token_s,
                 )  # fmt: skip
@@ -254,8 +256,10 @@ class GyreProxyCore:
         self,
         prepared: Prepared,
         request_id: str,
-        ids: list[int],
-        logprobs: list[float],
+        input_ids: npt.NDArray[np.int32],
+        out_ids: list[int],
+        out_lp: list[float],
+        start: int,
         assistant: Message | None,
         finish: CallFinish,
         *,
@@ -265,30 +269,36 @@ class GyreProxyCore:
         retry_of: str | None,
         started: float,
         first_token_s: float,
-        full_context: npt.NDArray[np.int32] | None = None,
     ) -> None:
+        """Stage the record of the attempt that produced ``out_ids[start:]`` and spool it.
+
+        Weight-version spans are per record: offsets count from this attempt's first token,
+        and the version in force when it began comes first.
+        """
+        spans = [(0, v) for o, v in versions if o <= start][-1:] + [
+            (o - start, v) for o, v in versions if o > start
+        ]
         record = self.ingestor.stage(
             prepared,
             request_id=request_id,
-            output_ids=np.asarray(ids, dtype=np.int32),
-            output_logprobs=np.asarray(logprobs, dtype=np.float32),
+            output_ids=np.asarray(out_ids[start:], dtype=np.int32),
+            output_logprobs=np.asarray(out_lp[start:], dtype=np.float32),
             assistant=assistant,
             finish=finish,
             delivered=delivered,
             engine=engine,
-            weight_versions=tuple(versions),
+            weight_versions=tuple(spans),
             retry_of=retry_of,
             started_at=started,
             first_token_s=first_token_s,
             duration_s=time.time() - started,
         )
-        if full_context is not None:
-            self._remember(prepared.execution_id, request_id, full_context)
-        else:
-            base = self._input_ids(prepared)
-            self._remember(
-                prepared.execution_id, request_id, np.concatenate([base, np.asarray(ids, dtype=np.int32)])
-            )
+        # The attempt's full sequence is the input and every token up to its end: no lookup.
+        self._remember(
+            prepared.execution_id,
+            request_id,
+            np.concatenate([input_ids, np.asarray(out_ids, dtype=np.int32)]),
+        )
         self.spool.submit(record)
 
 

@@ -67,11 +67,13 @@ class Router:
                 self._engines[name].accepting = accepting
 
     def mark_failed(self, name: str, execution_id: str) -> None:
-        """The engine failed this execution's request: move the execution elsewhere."""
+        """The engine failed this execution's request: let the next choice move it.
+
+        Never raises: with no other engine the next ``engine_for`` may pick the same one.
+        """
         with self._lock:
             if self._sticky.get(execution_id) == name:
                 del self._sticky[execution_id]
-                self._sticky[execution_id] = self._least_loaded(exclude=name).name
                 self.moves += 1
 
     def apply(self, event: RecordedEvent) -> None:

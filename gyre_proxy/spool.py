@@ -16,7 +16,7 @@ import time
 from types import TracebackType
 
 from gyre_store.events import NewEvent
-from gyre_store.exceptions import StoreUnavailable
+from gyre_store.exceptions import EventValidationError, GyreStoreError
 from gyre_store.recorder import TrajectoryRecorder
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class RecordSpool:
         self._in_flight = 0
         self.written = 0
         self.retries = 0
+        self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="gyre-record-spool", daemon=True)
         self._thread.start()
 
@@ -84,30 +85,43 @@ class RecordSpool:
             batch = self._take()
             if not batch:
                 continue
+            taken = len(batch)
             backoff = 0.05
-            while True:
+            while batch:
                 try:
                     self._recorder.write(batch)
                     break
-                except StoreUnavailable as exc:
+                except EventValidationError:
+                    # Staged records were validated already; if one is refused anyway, find it
+                    # alone so the rest of the batch is still written.
+                    batch = self._write_one_by_one(batch)
+                except GyreStoreError as exc:  # unavailable, read-only after a failover, ...
                     self.retries += 1
-                    log.warning("record spool: database unavailable (%s); %d records wait", exc, self.pending)
+                    log.warning("record spool: cannot append (%s); %d records wait", exc, self.pending)
                     if self._stop.wait(backoff):
                         log.error(
-                            "record spool closed while the database was down: %d records unwritten",
-                            self.pending,
+                            "record spool closed while appends failed: %d records unwritten", self.pending
                         )
                         return
                     backoff = min(backoff * 2, self._max_backoff_s)
-                except Exception:  # a record that can never be written must not wedge the spool
-                    log.exception(
-                        "record spool: dropping a batch of %d records that failed to append", len(batch)
-                    )
-                    break
-            self.written += len(batch)
+            self.written += taken
             with self._idle:
-                self._in_flight -= len(batch)
+                self._in_flight -= taken
                 self._idle.notify_all()
+
+    def _write_one_by_one(self, batch: list[NewEvent]) -> list[NewEvent]:
+        """Write what can be written; drop refused records; return the rest on a store error."""
+        for i, record in enumerate(batch):
+            try:
+                self._recorder.write([record])
+            except EventValidationError:
+                self.dropped += 1
+                log.exception("record spool: dropping a refused record of stream %s", record.stream)
+                # Later requests of that execution must not match against the lost record.
+                self._recorder.forget(record.stream.id)
+            except GyreStoreError:
+                return batch[i:]
+        return []
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (waiting up to ``timeout``), then stop the thread."""

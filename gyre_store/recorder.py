@@ -80,6 +80,11 @@ class TrajectoryRecorder:
     def log(self) -> EventLog:
         return self._log
 
+    def forget(self, execution_id: str) -> None:
+        """Drop the cached context of an execution; it is reloaded from the log when next used."""
+        with self._lock:
+            self._contexts.pop(execution_id, None)
+
     def context(self, execution_id: str) -> ExecutionContext:
         """The execution's stored state, loaded from the log on first use."""
         with self._lock:
@@ -136,6 +141,7 @@ class TrajectoryRecorder:
                 contexts: dict[str, ExecutionContext] = {}
                 staged: dict[str, ExecutionContext] = {}
                 new: list[NewEvent] = []
+                checked: set[str] = set()  # executions whose stream version is already pinned
                 for event, arrays, metadata in batch:
                     ex = event.execution_id
                     if ex not in contexts:
@@ -149,8 +155,9 @@ class TrajectoryRecorder:
                     if not duplicate:
                         view.check(event, arrays)
                     record = new_record(event, arrays, metadata=metadata)
-                    first_of_stream = all(e.stream.id != ex for e in new)
+                    first_of_stream = ex not in checked
                     if first_of_stream and not duplicate:
+                        checked.add(ex)
                         # The stream must be where we validated it; later ones follow in order.
                         record = replace(record, expected_version=view.version)
                     new.append(record)

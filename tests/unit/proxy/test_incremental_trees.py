@@ -160,3 +160,26 @@ def test_tokenizing_only_new_messages_equals_rendering_everything(template: Qwen
     whole.ids.extend(template.generation_prompt(thinking=True).ids)
     assert encoded.new_ids.tolist() == whole.ids
     assert encoded.msg_ends.shape[0] == 4
+
+
+def test_a_truncated_answer_is_not_reused_as_history(template: Qwen3Template) -> None:
+    log = InMemoryEventLog()
+    ing = Ingestor(TrajectoryRecorder(log), template, GenericHarness())
+    user = Message(Role.USER, (TextBlock("write a long essay"),))
+    p1 = ing.prepare("ex", "run", ChatRequest(system="sys", messages=(user,)))
+    answer = Message(Role.ASSISTANT, (TextBlock("The essay begins"),))
+    cut = template.render_output(answer).ids[:-1]  # max_tokens hit: no <|im_end|>
+    ing.record(
+        p1,
+        request_id="r1",
+        output_ids=np.array(cut, np.int32),
+        output_logprobs=np.full(len(cut), -0.5, np.float32),
+        assistant=answer,
+        finish=CallFinish.LENGTH,
+    )
+    nxt = ChatRequest(system="sys", messages=(user, answer, Message(Role.USER, (TextBlock("go on"),))))
+    p2 = ing.prepare("ex", "run", nxt)
+    # The stored prefix stops before the truncated answer; the answer is rendered whole.
+    assert p2.encoded.prefix is not None and not p2.encoded.prefix.after_output
+    assert p2.encoded.prefix_len < p1.encoded.input_len + len(cut)
+    assert template.im_end in p2.encoded.new_ids.tolist()

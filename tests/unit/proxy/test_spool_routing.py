@@ -1,0 +1,67 @@
+"""The record spool's failure handling and the router's failover choice."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gyre_proxy.routing import Router
+from gyre_proxy.spool import RecordSpool
+from gyre_proxy.testing import FakeEngine
+from gyre_store import ExecutionStarted, GyreStoreError, MalformedEvent, NewEvent
+from gyre_store.events import AppendResult
+
+
+class FlakyRecorder:
+    """Fails the first ``failures`` writes with a store error, refuses records marked bad."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.written: list[str] = []
+        self.forgotten: list[str] = []
+
+    def write(self, records: Sequence[NewEvent]) -> list[AppendResult]:
+        if self.failures:
+            self.failures -= 1
+            raise GyreStoreError("cannot execute INSERT in a read-only transaction")
+        if any(r.event.engine == "bad" for r in records):  # type: ignore[attr-defined]
+            raise MalformedEvent("refused")
+        self.written += [r.event.execution_id for r in records]  # type: ignore[attr-defined]
+        return [AppendResult(i + 1, 1, False) for i in range(len(records))]
+
+    def forget(self, execution_id: str) -> None:
+        self.forgotten.append(execution_id)
+
+
+def record(ex: str, engine: str = "e") -> NewEvent:
+    return NewEvent(ExecutionStarted(execution_id=ex, run_id="r", engine=engine))
+
+
+def test_store_errors_are_retried_until_the_records_are_written() -> None:
+    recorder = FlakyRecorder(failures=3)
+    spool = RecordSpool(recorder, max_backoff_s=0.01)  # type: ignore[arg-type]
+    for ex in ("a", "b", "c"):
+        spool.submit(record(ex))
+    assert spool.flush(10)
+    spool.close()
+    assert recorder.written == ["a", "b", "c"] and spool.retries == 3 and spool.dropped == 0
+
+
+def test_a_refused_record_is_dropped_alone_and_its_execution_forgotten() -> None:
+    recorder = FlakyRecorder(failures=0)
+    spool = RecordSpool(recorder, linger_s=0.2)  # type: ignore[arg-type]
+    for r in (record("a"), record("b", engine="bad"), record("c")):
+        spool.submit(r)
+    assert spool.flush(10)
+    spool.close()
+    assert recorder.written == ["a", "c"] and spool.dropped == 1 and recorder.forgotten == ["b"]
+
+
+def test_a_failed_engine_never_leaves_an_execution_without_a_choice() -> None:
+    router = Router([("only", FakeEngine())])  # type: ignore[list-item]
+    assert router.engine_for("ex").name == "only"
+    router.mark_failed("only", "ex")  # nowhere else to go: must not raise
+    assert router.engine_for("ex").name == "only"
+    two = Router([("a", FakeEngine()), ("b", FakeEngine())])  # type: ignore[list-item]
+    first = two.engine_for("ex").name
+    two.set_accepting(first, False)
+    assert two.engine_for("ex").name != first
