@@ -147,6 +147,7 @@ class GyreProxyCore:
         versions: list[tuple[int, int]] = []
         text_sent = ""
         stop_hit: str | None = None
+        hold = max((len(s) for s in request.stop), default=1) - 1
         finish = FinishKind.STOP
         engine_name = ""
         completed = False
@@ -186,12 +187,14 @@ class GyreProxyCore:
                             new_text = text[len(text_sent) :]
                             if new_text and not new_text.endswith("\ufffd"):
                                 hit = _find_stop(text, request.stop, len(text_sent))
+                                # Hold back what could be the start of a stop sequence, so the
+                                # harness never receives part of one.
+                                cut = hit[1] if hit is not None else max(len(text_sent), len(text) - hold)
                                 if hit is not None:
-                                    stop_hit, cut = hit
-                                    new_text = text[len(text_sent) : cut]
-                                for ev in parser.feed(new_text):
+                                    stop_hit = hit[0]
+                                for ev in parser.feed(text[len(text_sent) : cut]):
                                     yield ev
-                                text_sent = text if hit is None else text[:cut]
+                                text_sent = text[:cut]
                                 if stop_hit is not None:
                                     await routed.engine.abort(rid)
                                     break
@@ -224,6 +227,11 @@ class GyreProxyCore:
                 attempt_start = len(out_ids)
             if not completed:
                 raise Overloaded("no engine could finish this request; retry later")
+            if stop_hit is None:
+                held = self._text(out_ids)[len(text_sent) :]
+                if held:
+                    for ev in parser.feed(held):
+                        yield ev
             events = parser.finish(
                 finish, input_tokens=n_in, output_tokens=len(out_ids), stop_sequence=stop_hit
             )

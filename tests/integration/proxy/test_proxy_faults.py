@@ -98,3 +98,33 @@ def test_a_context_over_the_limit_is_the_apis_own_error(engine: ReferenceEngineS
                 model="m", max_tokens=10, messages=[{"role": "user", "content": "word " * 2000}]
             )
         assert log.read_stream(StreamId("calls", "ex")) == []  # nothing recorded for a refused call
+
+
+def test_a_stop_sequence_spanning_deltas_never_reaches_the_harness(tmp_path: Path) -> None:
+    from gyre_store import InMemoryEventLog
+
+    (tmp_path / "stop.json").write_text(
+        json.dumps({"outputs": ["I will continue the work now."], "rule": "cycle"})
+    )
+    cfg = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen"), max_context=4096, script=tmp_path / "stop.json"
+    )
+    log = InMemoryEventLog()
+    with (
+        ReferenceEngineServer(cfg) as engine,
+        ProxyService(log, ProxyConfig(engines=[("e", engine.base_url)])) as proxy,
+    ):
+        key = issue_key(log, execution_id="ex", run_id="r", harness="claude-code")
+        client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+        pieces: list[str] = []
+        request = {"role": "user", "content": "go"}
+        with client.messages.stream(
+            model="m", max_tokens=50, messages=[request], stop_sequences=["continue the"]
+        ) as stream:
+            pieces.extend(stream.text_stream)
+            final = stream.get_final_message()
+        streamed = "".join(pieces)
+        assert "contin" not in streamed and streamed.strip() == "I will"
+        assert final.stop_reason == "stop_sequence" and final.stop_sequence == "continue the"
+        plain = client.messages.create(model="m", max_tokens=50, messages=[request])
+        assert plain.content[0].text == "I will continue the work now."  # type: ignore[union-attr]
