@@ -55,18 +55,38 @@ class GyreProxyCore:
         *,
         context_limit: int = 131_072,
         keep_sequences: int = 8,
+        max_executions: int = 4096,
     ) -> None:
         self.ingestor = ingestor
         self.router = router
         self.spool = spool
         self.context_limit = context_limit
         self.keep_sequences = keep_sequences
+        self.max_executions = max_executions
         self._seqs: dict[str, _Sequences] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()
         self.tok = ingestor.template.tok
         self._stop_ids = (self.tok.special("<|im_end|>"), self.tok.special("<|endoftext|>"))
         self.rerouted = 0
 
     # -- token sequences of stored records ---------------------------------------------------
+    def _touch(self, execution_id: str) -> None:
+        """Keep per-execution caches for the most recent executions only.
+
+        An evicted execution is reloaded from the log when it is next used; one whose
+        records still wait in the spool is kept until they are written.
+        """
+        self._recent[execution_id] = None
+        self._recent.move_to_end(execution_id)
+        for _ in range(len(self._recent) - self.max_executions):
+            oldest = next(iter(self._recent))
+            if self.spool.pending_for(oldest):
+                self._recent.move_to_end(oldest)
+                continue
+            del self._recent[oldest]
+            self._seqs.pop(oldest, None)
+            self.ingestor.recorder.forget(oldest)
+
     def _remember(self, execution_id: str, request_id: str, full: npt.NDArray[np.int32]) -> None:
         seqs = self._seqs.setdefault(execution_id, _Sequences()).by_request
         seqs[request_id] = full
@@ -128,6 +148,7 @@ class GyreProxyCore:
         self, execution: ExecutionAuth, request: ChatRequest, blocks_out: list[tuple[Block, ...]]
     ) -> AsyncIterator[StreamEvent]:
         ex = execution.execution_id
+        self._touch(ex)
         prepared = await asyncio.to_thread(self.ingestor.prepare, ex, execution.run_id, request)
         input_ids = await asyncio.to_thread(self._input_ids, prepared)
         n_in = int(input_ids.shape[0])

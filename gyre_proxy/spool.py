@@ -45,6 +45,7 @@ class RecordSpool:
         self.written = 0
         self.retries = 0
         self.dropped = 0
+        self._by_stream: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name="gyre-record-spool", daemon=True)
         self._thread.start()
 
@@ -52,7 +53,13 @@ class RecordSpool:
         """Queue a staged record; blocks only while the spool is full."""
         with self._idle:
             self._in_flight += 1
+            self._by_stream[record.stream.id] = self._by_stream.get(record.stream.id, 0) + 1
         self._queue.put(record)
+
+    def pending_for(self, stream_id: str) -> int:
+        """Records of stream ``stream_id`` (an execution's calls) not written yet."""
+        with self._idle:
+            return self._by_stream.get(stream_id, 0)
 
     @property
     def pending(self) -> int:
@@ -86,6 +93,7 @@ class RecordSpool:
             if not batch:
                 continue
             taken = len(batch)
+            handled = list(batch)
             backoff = 0.05
             while batch:
                 try:
@@ -107,6 +115,12 @@ class RecordSpool:
             self.written += taken
             with self._idle:
                 self._in_flight -= taken
+                for record in handled:
+                    left = self._by_stream.get(record.stream.id, 1) - 1
+                    if left:
+                        self._by_stream[record.stream.id] = left
+                    else:
+                        self._by_stream.pop(record.stream.id, None)
                 self._idle.notify_all()
 
     def _write_one_by_one(self, batch: list[NewEvent]) -> list[NewEvent]:

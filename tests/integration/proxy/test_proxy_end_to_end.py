@@ -244,3 +244,30 @@ def test_a_restarted_proxy_continues_an_execution_from_the_log(engines: list[Ref
         [view.input_of(records[0].request_id)[0], view.output_of(records[0].request_id)[0]]
     )
     np.testing.assert_array_equal(view.input_of(records[1].request_id)[0][: len(first_full)], first_full)
+
+
+def test_evicted_executions_come_back_from_the_log(proxy: ProxyService) -> None:
+    proxy.core.max_executions = 1
+    keys = {
+        ex: issue_key(proxy.log, execution_id=ex, run_id="run1", harness="claude-code")
+        for ex in ("ev-a", "ev-b")
+    }
+    history: dict[str, list[dict]] = {ex: [{"role": "user", "content": f"hello from {ex}"}] for ex in keys}
+
+    def turn(ex: str) -> None:
+        client = anthropic.Anthropic(base_url=proxy.base_url, api_key=keys[ex], max_retries=0)
+        answer = client.messages.create(model="gyre", max_tokens=1000, messages=history[ex])
+        history[ex] += [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]},
+            {"role": "user", "content": "and then?"},
+        ]
+        assert proxy.spool.flush(30)
+
+    turn("ev-a")
+    turn("ev-b")  # ev-a's caches are dropped: only one execution is kept
+    assert "ev-a" not in proxy.core._seqs
+    turn("ev-a")  # reloaded from the log, and still extends its stored context
+    view = tree(proxy, "ev-a")
+    first, second = sorted(view.records.values(), key=lambda r: r.seq)
+    first_full = np.concatenate([view.input_of(first.request_id)[0], view.output_of(first.request_id)[0]])
+    np.testing.assert_array_equal(view.input_of(second.request_id)[0][: len(first_full)], first_full)
