@@ -19,7 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gyre_train.backend_torch import OptimizerConfig
+from gyre_train.backend_torch import (
+    OptimizerConfig,
+    flatten_gradients,
+    flatten_parameters,
+    load_flat_parameters,
+    make_optimizer,
+)
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.megatron_compat import cpu_megatron, megatron_module
 from gyre_train.packing import MicroStep
@@ -155,32 +161,20 @@ class MegatronBackend:
             return logprobs.masked_fill(position_ids[0] == 0, 0.0)
 
     def flat_parameters(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self._params])
+        return flatten_parameters(self._params)
 
-    @torch.no_grad()
     def load_flat_parameters(self, flat: torch.Tensor) -> None:
-        if flat.numel() != self.numel:
-            raise InvalidConfigError(f"flat parameters have {flat.numel()} values, the shard {self.numel}")
-        offset = 0
-        for p in self._params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        load_flat_parameters(self._params, flat, "shard")
 
     def flat_gradients(self) -> torch.Tensor:
-        return torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self._params]
-        )
+        return flatten_gradients(self._params)
 
     def zero_gradients(self) -> None:
         for p in self._params:
             p.grad = None
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        # AdamW and SGD act element by element, so stepping each shard equals stepping the whole.
-        c = self.optimizer_config
-        if c.kind == "sgd":
-            return torch.optim.SGD(self._params, lr=c.lr, weight_decay=c.weight_decay)
-        return torch.optim.AdamW(self._params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+        return make_optimizer(self._params, self.optimizer_config)
 
     def _global_norm(self, gradients: list[torch.Tensor]) -> float:
         """The L2 norm of the whole model's gradient: shards summed over the group, copies once."""

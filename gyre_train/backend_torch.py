@@ -8,7 +8,7 @@ reduction across cells is in cells.py (gloo on the CPU, NCCL on a GPU).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +66,38 @@ class TrainingBackend(Protocol):
     def save(self, path: Path) -> Path: ...
 
 
+# -- parameters as one flat vector, shared by every backend -------------------------------------
+
+
+def flatten_parameters(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """[numel] the parameters, detached, in order."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+@torch.no_grad()
+def load_flat_parameters(params: Sequence[torch.nn.Parameter], flat: torch.Tensor, what: str) -> None:
+    """Copy ``flat`` into ``params`` in order; ``what`` names them in the error."""
+    numel = sum(p.numel() for p in params)
+    if flat.numel() != numel:
+        raise InvalidConfigError(f"flat parameters have {flat.numel()} values, the {what} {numel}")
+    offset = 0
+    for p in params:
+        p.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def flatten_gradients(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """[numel] the gradients, zeros where a parameter has none."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def make_optimizer(params: Sequence[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
+    # AdamW and SGD act element by element, so stepping each shard equals stepping the whole.
+    if config.kind == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+
+
 def build_model(spec: ModelSpec) -> torch.nn.Module:
     """A float32 causal LM from `spec` on the CPU; never downloads."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -105,31 +137,20 @@ class TorchBackend:
             return packed_token_logprobs(self.model, step)
 
     def flat_parameters(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self._params])
+        return flatten_parameters(self._params)
 
-    @torch.no_grad()
     def load_flat_parameters(self, flat: torch.Tensor) -> None:
-        if flat.numel() != self.numel:
-            raise InvalidConfigError(f"flat parameters have {flat.numel()} values, the model {self.numel}")
-        offset = 0
-        for p in self._params:
-            p.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        load_flat_parameters(self._params, flat, "model")
 
     def flat_gradients(self) -> torch.Tensor:
-        return torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self._params]
-        )
+        return flatten_gradients(self._params)
 
     def zero_gradients(self) -> None:
         for p in self._params:
             p.grad = None
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        c = self.optimizer_config
-        if c.kind == "sgd":
-            return torch.optim.SGD(self._params, lr=c.lr, weight_decay=c.weight_decay)
-        return torch.optim.AdamW(self._params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+        return make_optimizer(self._params, self.optimizer_config)
 
     def apply_update(self, flat_gradients: torch.Tensor) -> float:
         """Clip the batch gradient by global norm and make one optimizer step; returns the norm.
