@@ -20,7 +20,9 @@ import torch
 import torch.distributed as dist
 
 from gyre_train.backend_torch import (
+    LossOfLogprobs,
     OptimizerConfig,
+    backward_loss,
     flatten_gradients,
     flatten_parameters,
     load_flat_parameters,
@@ -159,6 +161,9 @@ class MegatronBackend:
             logprobs = torch.cat([predicted.new_zeros(1), predicted])  # [T]
             # A row's first token would be "predicted" by the previous row's last one.
             return logprobs.masked_fill(position_ids[0] == 0, 0.0)
+
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
+        return backward_loss(loss_of(self.logprobs(step, grad=True)))
 
     def flat_parameters(self) -> torch.Tensor:
         return flatten_parameters(self._params)

@@ -8,7 +8,7 @@ reduction across cells is in cells.py (gloo on the CPU, NCCL on a GPU).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,13 +50,24 @@ class OptimizerConfig:
             raise InvalidConfigError("lr must be positive and max_grad_norm >= 0")
 
 
+LossOfLogprobs = Callable[[torch.Tensor], torch.Tensor]
+"""Maps a micro-step's [T] packed logprobs to its scalar loss share."""
+
+
 class TrainingBackend(Protocol):
-    """What a cell needs of a model replica."""
+    """What a cell needs of a model replica (or of one rank's shard of it).
+
+    `logprobs` (pass 1, no graph) returns the [T] packed logprobs on every rank of the replica;
+    `accumulate_gradients` (pass 2) runs the forward, applies `loss_of` where the logprobs live,
+    back-propagates into the accumulated gradients and returns the loss value on every rank. A
+    pipeline-parallel backend needs the loss inside its schedule, hence the callable.
+    """
 
     @property
     def numel(self) -> int: ...
 
     def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor: ...
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float: ...
     def flat_parameters(self) -> torch.Tensor: ...
     def load_flat_parameters(self, flat: torch.Tensor) -> None: ...
     def flat_gradients(self) -> torch.Tensor: ...
@@ -89,6 +100,13 @@ def load_flat_parameters(params: Sequence[torch.nn.Parameter], flat: torch.Tenso
 def flatten_gradients(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     """[numel] the gradients, zeros where a parameter has none."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def backward_loss(loss: torch.Tensor) -> float:
+    """Back-propagate a scalar loss share (a share without targets has no graph) and return it."""
+    if loss.requires_grad:
+        torch.autograd.backward([loss])
+    return float(loss.detach())
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
@@ -135,6 +153,9 @@ class TorchBackend:
         """[T] packed logprobs; with `grad=False` no graph is kept (pass 1)."""
         with torch.set_grad_enabled(grad):
             return packed_token_logprobs(self.model, step)
+
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
+        return backward_loss(loss_of(self.logprobs(step, grad=True)))
 
     def flat_parameters(self) -> torch.Tensor:
         return flatten_parameters(self._params)

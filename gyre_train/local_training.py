@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from gyre_train.backend_torch import TrainingBackend
 from gyre_train.loss import ExecutionClip, ExecutionSummary, LossConfig, SequenceRatioAccumulator
 from gyre_train.objective import accumulate_sequence_ratios, micro_step_loss
@@ -55,10 +53,9 @@ def gradient_share(
 
     Returns the share's loss value (its contribution to the batch loss).
     """
-    share = micro_step_loss(step, backend.logprobs(step, grad=True), clip, config)
-    if share.loss.requires_grad:
-        torch.autograd.backward([share.loss])
-    return float(share.loss.detach())
+    return backend.accumulate_gradients(
+        step, lambda logprobs: micro_step_loss(step, logprobs, clip, config).loss
+    )
 
 
 @dataclass(frozen=True, slots=True)
