@@ -40,6 +40,10 @@ class EngineTarget:
     context_length: int
     eos_token_ids: frozenset[int]
     gyre_admin: bool  # has the /gyre/... admission endpoints
+    # How far its logprobs may sit from a float32 transformers forward pass. The reference
+    # engine runs that very forward; SGLang's CPU kernels (fused norms, its own attention,
+    # batched decode) sum in another order: up to 1.03e-3 was seen on SGLang 0.5.23.
+    logprob_atol: float = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +76,7 @@ def sglang_target() -> EngineTarget:
         context_length=SGLANG_CONTEXT_LENGTH,
         eos_token_ids=loaded.eos_token_ids,
         gyre_admin=False,
+        logprob_atol=2e-3,
     )
 
 

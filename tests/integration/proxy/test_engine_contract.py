@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-LOGPROB_TOLERANCE = 1e-4
-
 
 def client(target: EngineTarget) -> EngineClient:
     return EngineClient(EngineClientConfig(target.base_url, timeout_s=60))
@@ -49,11 +47,14 @@ def forward_logprobs(model: torch.nn.Module, prompt: list[int], output: list[int
     return logprobs.gather(1, torch.tensor(output)[:, None]).squeeze(1).numpy()
 
 
-def assert_matches_model(model: torch.nn.Module, prompt: list[int], result: GenerateResult) -> None:
+def assert_matches_model(
+    target: EngineTarget, prompt: list[int], result: GenerateResult, model: torch.nn.Module | None = None
+) -> None:
+    """The result's logprobs equal a forward pass of `model` (default: the target's weights)."""
     output = result.output_ids.tolist()
     assert len(output) == len(result.logprobs) > 0
-    expected = forward_logprobs(model, prompt, output)
-    np.testing.assert_allclose(result.logprobs, expected, atol=LOGPROB_TOLERANCE, rtol=0)
+    expected = forward_logprobs(model if model is not None else target.model, prompt, output)
+    np.testing.assert_allclose(result.logprobs, expected, atol=target.logprob_atol, rtol=0)
 
 
 def prompt_of(seed: int, length: int = 12) -> list[int]:
@@ -74,7 +75,7 @@ async def test_generate_logprobs_match_a_forward_pass(target: EngineTarget, temp
     sampling = SamplingConfig(max_new_tokens=16, temperature=temperature, seed=7)
     async with client(target) as engine:
         result = await engine.generate(prompt, sampling)
-    assert_matches_model(target.model, prompt, result)
+    assert_matches_model(target, prompt, result)
     assert result.weight_version
     assert result.prompt_tokens == len(prompt)
     if result.finish.kind is FinishKind.STOP:
@@ -111,7 +112,7 @@ async def test_sixteen_concurrent_generates_are_each_correct(target: EngineTarge
         results = await asyncio.gather(*(engine.generate(prompt, sampling) for prompt in prompts))
     for prompt, result in zip(prompts, results, strict=True):
         assert len(result.output_ids) == 20
-        assert_matches_model(target.model, prompt, result)
+        assert_matches_model(target, prompt, result)
     assert len({result.rid for result in results}) == 16
 
 
@@ -199,5 +200,5 @@ async def test_update_weights_from_disk_changes_logprobs_and_version(
         restored = await engine.generate(prompt, sampling)
     assert after.weight_version == "contract-v2" == info.weight_version
     assert not np.allclose(after.logprobs, before.logprobs, atol=1e-3)
-    assert_matches_model(updated, prompt, after)
-    np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=LOGPROB_TOLERANCE)
+    assert_matches_model(target, prompt, after, updated)
+    np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=target.logprob_atol)
