@@ -7,7 +7,9 @@ joining it in flight: it registers on the board, pulls the core's snapshot and s
 When the core finds nothing left to claim it closes the join window, plans the reduction
 (membership.py), reduces the prefix's gradients onto itself with the prefix's group, makes one
 update, then broadcasts to the prefix (non-final update of a burst) or publishes to the engines
-(final update). Each batch pays one warm-up (join, pull) and one drain (report, reduce).
+(final update). Each batch pays one warm-up (join, pull) and one drain (report, reduce). A cell
+may be several processes (Megatron tensor and pipeline parallel): its leader runs everything
+below and the replica (replica.py) mirrors each model operation on the other ranks.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
-import torch
 import torch.distributed as dist
 
 from gyre_store import EventLog, NewEvent, PostgresEventLog, StoreConfig
@@ -35,14 +36,16 @@ from gyre_store.training_events import (
     TrainingUpdate,
     contribution_key,
 )
-from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.backend_torch import OptimizerConfig, TrainingBackend
 from gyre_train.board import RedisBatchBoard
 from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue, Task
-from gyre_train.local_training import gradient_share, merge_shares, ratio_share
+from gyre_train.exceptions import InvalidConfigError
+from gyre_train.local_training import merge_shares
 from gyre_train.loss import ExecutionClip, LossConfig
 from gyre_train.membership import CORE, ReducePlan, TakeOver, Wait, plan_reduction
 from gyre_train.packing import MicroStep
 from gyre_train.publish import EnginePublisher, EnginePublisherConfig
+from gyre_train.replica import CellModel, MegatronCells, RankLayout, Replica, layout_of, open_backend
 from gyre_train.streaming_errors import CellFailedError
 from gyre_train.weights import WeightTransport, make_transport
 
@@ -70,9 +73,9 @@ class CellConfig:
     cell: int
     cells: int  # K
     redis_url: str
-    dist_init: str  # e.g. tcp://127.0.0.1:29500, shared by all K cells
+    dist_init: str  # e.g. tcp://127.0.0.1:29500, shared by every process of the K cells
     queue: QueueConfig
-    model: ModelSpec
+    model: CellModel
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     transport: str = "torch"
@@ -82,6 +85,19 @@ class CellConfig:
     output_dir: Path | None = None  # the core writes its flat parameters after each update here
     step_delay_s: float = 0.0  # slows each gradient micro-step (tests of slow and dying cells)
     wait_timeout_s: float = 120.0
+    position: int = 0  # this process's place inside its cell (0: the leader)
+
+    def __post_init__(self) -> None:
+        layout_of(self.model, self.cells, self.cell, self.position)  # raises on a bad place
+        if isinstance(self.model, MegatronCells) and self.engines is not None:
+            raise InvalidConfigError(
+                "publishing Megatron cells to engines needs a Megatron-to-Hugging Face weight "
+                "converter, which gyre does not have yet; leave `engines` unset"
+            )
+
+    @property
+    def layout(self) -> RankLayout:
+        return layout_of(self.model, self.cells, self.cell, self.position)
 
 
 class _Recorder:
@@ -101,17 +117,18 @@ class _Recorder:
 
 
 class Cell:
-    """One cell process's state: replica, queue access, groups, transport, event recorder."""
+    """One cell leader's state: replica, queue access, transport, event recorder."""
 
-    def __init__(self, config: CellConfig, log: EventLog | None, client: redis.Redis) -> None:
+    def __init__(
+        self, config: CellConfig, log: EventLog | None, client: redis.Redis, backend: TrainingBackend
+    ) -> None:
         self.config = config
         self.redis = client
         self.board = RedisBatchBoard(client, config.queue)
-        self.backend = TorchBackend(config.model, config.optimizer)
         self.record = _Recorder(log, config.run_id)
         self.transport: WeightTransport = make_transport(config.transport, self.board, config.cell)
-        # One group per participating prefix 2..K, built once by every process in the same order.
-        self.groups: dict[int, Any] = {k: dist.new_group(list(range(k))) for k in range(2, config.cells + 1)}
+        # The replica builds one group per participating prefix 2..K, once, on every process.
+        self.replica = Replica(backend, config.layout, config.loss, self.transport, self.board)
         self.version = 0
         self._steps: dict[tuple[int, int], MicroStep] = {}
 
@@ -143,7 +160,7 @@ class Cell:
         if task.phase is Phase.RATIOS:
             # Pass-1 shares are keyed by micro-step, first write wins: a redelivered task that
             # computes it again changes nothing, so the claim is acknowledged at once.
-            queue.put_ratio(ratio_share(self.backend, step))
+            queue.put_ratio(self.replica.ratio(step))
             queue.ack([task.message_id])
             return 0.0
         if c.step_delay_s:
@@ -153,21 +170,9 @@ class Cell:
         if task.message_id not in queue.renew(c.cell, [task.message_id]):
             return 0.0
         assert clip is not None  # gradient tasks exist only after the clip was stored
-        loss = gradient_share(self.backend, step, clip, c.loss)
+        loss = self.replica.gradient(step, clip)
         held[task.message_id] = task.index
         return loss
-
-    def reduce(self, plan: ReducePlan, loss: float) -> tuple[torch.Tensor, float]:
-        """Sum the prefix's gradients (and loss shares) onto the core with the prefix's group."""
-        flat = torch.cat([self.backend.flat_gradients(), torch.tensor([loss], dtype=torch.float32)])
-        if plan.prefix > 1:
-            dist.reduce(flat, dst=CORE, group=self.groups[plan.prefix])
-        return flat[:-1], float(flat[-1])
-
-    def broadcast(self, plan: ReducePlan, flat: torch.Tensor) -> torch.Tensor:
-        if plan.prefix > 1:
-            dist.broadcast(flat, src=CORE, group=self.groups[plan.prefix])
-        return flat
 
     def wait_for(self, what: str, probe: Callable[[], T | None]) -> T:
         deadline = time.monotonic() + self.config.wait_timeout_s
@@ -197,7 +202,7 @@ def _core_batch(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]
     loss = 0.0
     while True:
         queue.renew(CORE, held)
-        cell.transport.serve()
+        cell.replica.serve()
         task = queue.claim(CORE) or queue.reclaim(CORE)
         if task is not None:
             loss += cell.process(queue, task, held, clip)
@@ -239,7 +244,7 @@ def _core_batch(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]
 def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
     c = cell.config
     publisher = EnginePublisher(c.engines) if c.engines is not None else None
-    cell.transport.expose(cell.backend.flat_parameters(), cell.version)
+    cell.replica.expose(cell.version)
     in_training = False
     for burst in bursts:
         if not in_training:
@@ -247,10 +252,10 @@ def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
             in_training = True
         for position, batch in enumerate(burst.batches):
             final = position == len(burst.batches) - 1
-            cell.backend.zero_gradients()
+            cell.replica.zero_gradients()
             cell.board.open_batch(batch, cell.version)
             plan, loss = _core_batch(cell, batch, final)
-            gradients, loss = cell.reduce(plan, loss)
+            loss = cell.replica.reduce(plan, loss)
             queue = cell.queue(batch)
             queue.ack(plan.message_ids())
             contributions: list[Event] = []
@@ -268,14 +273,13 @@ def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
                     )
                     keys.append(contribution_key(c.run_id, batch, index))
             cell.record(*contributions, keys=tuple(keys))
-            norm = cell.backend.apply_update(gradients)
+            norm = cell.replica.update()
             cell.version += 1
-            flat = cell.backend.flat_parameters()
-            cell.transport.expose(flat, cell.version)
+            cell.replica.expose(cell.version)
             if not final:
-                cell.broadcast(plan, flat)
+                cell.replica.broadcast(plan)
             elif publisher is not None:
-                publisher.publish(cell.backend, cell.version)
+                cell.replica.publish(publisher, cell.version)
             events: list[Event] = [
                 TrainingUpdate(
                     run_id=c.run_id,
@@ -293,7 +297,7 @@ def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
                 events.append(WeightsPublished(run_id=c.run_id, policy_version=cell.version, step=batch))
             cell.record(*events)
             if c.output_dir is not None:
-                torch.save(flat, c.output_dir / f"params-v{cell.version}.pt")
+                cell.replica.save(c.output_dir, cell.version)
             cell.board.put_updated(batch, cell.version)
         if not burst.core_stays:
             cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: core returns to rollout")
@@ -325,7 +329,6 @@ def _satellite_batch(cell: Cell, batch: int) -> tuple[ReducePlan, float]:
 
 def _run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
     c = cell.config
-    flat = torch.empty(cell.backend.numel, dtype=torch.float32)
     have: int | None = None  # the policy version this replica holds
     for burst in bursts:
         join = burst.joins.get(c.cell)
@@ -359,41 +362,47 @@ def _run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
                 )
             )
             if have != version:
-                cell.transport.pull(flat, version, c.wait_timeout_s)
-                cell.backend.load_flat_parameters(flat)
+                cell.replica.pull(version, c.wait_timeout_s)
                 have = version
-            cell.backend.zero_gradients()
+            cell.replica.zero_gradients()
             plan, loss = _satellite_batch(cell, batch)
             if c.cell in plan.cells:
-                cell.reduce(plan, loss)
+                cell.replica.reduce(plan, loss)
                 if not plan.final:
-                    cell.backend.load_flat_parameters(cell.broadcast(plan, flat))
+                    cell.replica.broadcast(plan)
                     have = version + 1
-            cell.backend.zero_gradients()
+            cell.replica.zero_gradients()
         if joined:
             cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: satellite returns to rollout")
 
 
 def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
-    """Entry point of one cell process: join the K-cell world, then train as core or satellite."""
+    """Entry point of one process: join the world of the K cells, then train as core or satellite
+    (the cell's leader) or mirror the leader's model operations (any other rank of the cell)."""
+    layout = config.layout
     dist.init_process_group(
         config.dist_backend,
         init_method=config.dist_init,
-        rank=config.cell,
-        world_size=config.cells,
+        rank=layout.rank,
+        world_size=layout.world,
         timeout=datetime.timedelta(seconds=config.wait_timeout_s),
     )
     with contextlib.ExitStack() as stack:
-        client = redis.Redis.from_url(config.redis_url)
         stack.callback(dist.destroy_process_group)
+        backend = stack.enter_context(open_backend(config.model, layout, config.optimizer))
+        if not layout.leads:
+            Replica(backend, layout, config.loss, None, None).follow()
+            return
+        client = redis.Redis.from_url(config.redis_url)
         stack.callback(client.close)
         log = (
             stack.enter_context(PostgresEventLog(StoreConfig(config.database_url)))
             if config.database_url
             else None
         )
-        cell = Cell(config, log, client)
+        cell = Cell(config, log, client, backend)
         stack.callback(cell.transport.close)
+        stack.callback(cell.replica.stop)  # followers leave `follow()` however the leader ends
         if config.cell == CORE:
             _run_core(cell, bursts)
         else:

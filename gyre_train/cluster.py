@@ -1,6 +1,6 @@
 """Starting the K cell processes of a run on one machine, and stopping them.
 
-A `CellCluster` is a context manager over K processes (forkserver by default: torch is imported
+A `CellCluster` is a context manager over the processes of K cells (one each, or TP x PP each) (forkserver by default: torch is imported
 once in the server, each cell forks from it). It does not decide anything: the cells coordinate
 through Redis and torch.distributed. `kill` sends SIGKILL, the way a cell dies in a crash test.
 """
@@ -37,7 +37,9 @@ class CellCluster:
     def __enter__(self) -> Self:
         for config in self._configs:
             process = self._context.Process(
-                target=run_cell, args=(config, self._bursts), name=f"gyre-cell-{config.cell}"
+                target=run_cell,
+                args=(config, self._bursts),
+                name=f"gyre-cell-{config.cell}.{config.position}",
             )
             process.start()
             self._processes.append(process)
@@ -56,26 +58,36 @@ class CellCluster:
                 process.join()
             process.close()
 
-    def pid(self, cell: int) -> int:
-        pid = self._processes[cell].pid
-        if pid is None:
+    def _of(self, cell: int) -> list[multiprocessing.process.BaseProcess]:
+        processes = [p for c, p in zip(self._configs, self._processes, strict=True) if c.cell == cell]
+        if not processes:
             raise CellFailedError(f"cell {cell} has not started")
-        return pid
+        return processes
+
+    def pids(self, cell: int) -> list[int]:
+        """The process ids of one cell (its leader first)."""
+        pids = [p.pid for p in self._of(cell)]
+        if None in pids:
+            raise CellFailedError(f"cell {cell} has not started")
+        return [pid for pid in pids if pid is not None]
 
     def kill(self, cell: int) -> None:
-        """SIGKILL one cell (no cleanup, no goodbye: its claims stay pending in Redis)."""
-        os.kill(self.pid(cell), signal.SIGKILL)
-        self._processes[cell].join()
+        """SIGKILL every process of one cell (no cleanup, no goodbye: its claims stay pending)."""
+        for pid in self.pids(cell):
+            os.kill(pid, signal.SIGKILL)
+        for process in self._of(cell):
+            process.join()
         self._killed.add(cell)
 
     def wait(self, timeout_s: float) -> None:
         """Wait for every cell not killed; raises CellFailedError on a failure or a timeout."""
         deadline = time.monotonic() + timeout_s
-        for cell, process in enumerate(self._processes):
-            if cell in self._killed:
+        for config, process in zip(self._configs, self._processes, strict=True):
+            if config.cell in self._killed:
                 continue
             process.join(timeout=max(0.0, deadline - time.monotonic()))
+            where = f"cell {config.cell}" + (f" (position {config.position})" if config.position else "")
             if process.is_alive():
-                raise CellFailedError(f"cell {cell} did not finish within {timeout_s} s")
+                raise CellFailedError(f"{where} did not finish within {timeout_s} s")
             if process.exitcode != 0:
-                raise CellFailedError(f"cell {cell} exited with code {process.exitcode}")
+                raise CellFailedError(f"{where} exited with code {process.exitcode}")

@@ -27,6 +27,7 @@ from gyre_train.claims import QueueConfig, RedisMicroStepQueue
 from gyre_train.cluster import CellCluster
 from gyre_train.packing import BatchPacker, MicroStep, PackingConfig, ReadyGroup
 from gyre_train.publish import EnginePublisherConfig
+from gyre_train.replica import CellModel, MegatronCells
 from gyre_train.rows import ExecutionRows
 from gyre_train.testing import synthetic_rows
 from gyre_train.wire import BatchManifest, ExecutionTotals
@@ -100,12 +101,13 @@ def cell_configs(
     cells: int,
     redis_url: str,
     port: int,
-    model: ModelSpec,
+    model: CellModel,
     prefix: str | None = None,
     run_id: str = "run",
     **overrides: Any,
 ) -> list[CellConfig]:
-    """K cell configs of one run; `overrides` set CellConfig fields for every cell."""
+    """The process configs of one run's K cells (leaders first, then the other ranks of each
+    Megatron cell); `overrides` set CellConfig fields for every process."""
     queue = overrides.pop("queue", None) or QueueConfig(prefix or f"gyre:train:{uuid.uuid4().hex[:12]}")
     base = CellConfig(
         run_id=run_id,
@@ -117,7 +119,8 @@ def cell_configs(
         model=model,
         **overrides,
     )
-    return [replace(base, cell=i) for i in range(cells)]
+    size = model.ranks_per_cell if isinstance(model, MegatronCells) else 1
+    return [replace(base, cell=i, position=p) for p in range(size) for i in range(cells)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,8 @@ class WeightTransport(Protocol):
     def close(self) -> None: ...
 
 
-def _wait_descriptor(board: SnapshotBoard, version: int, timeout_s: float) -> SnapshotDescriptor:
+def wait_for_snapshot(board: SnapshotBoard, version: int, timeout_s: float) -> SnapshotDescriptor:
+    """The board's snapshot descriptor once it is at `version`; WeightTransportError on timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
         descriptor = board.snapshot()
@@ -85,7 +86,7 @@ class TorchDistributedTransport:
         return served
 
     def pull(self, into: torch.Tensor, policy_version: int, timeout_s: float = 60.0) -> None:
-        descriptor = _wait_descriptor(self._board, policy_version, timeout_s)
+        descriptor = wait_for_snapshot(self._board, policy_version, timeout_s)
         if descriptor.numel != into.numel():
             raise WeightTransportError(f"snapshot has {descriptor.numel} values, this cell {into.numel()}")
         self._board.request_pull(self._cell)
@@ -156,7 +157,7 @@ class MooncakeTransport:
     def pull(self, into: torch.Tensor, policy_version: int, timeout_s: float = 60.0) -> None:
         if into.dtype != torch.float32 or not into.is_contiguous():
             raise WeightTransportError("pull into a contiguous float32 tensor")
-        descriptor = _wait_descriptor(self._board, policy_version, timeout_s)
+        descriptor = wait_for_snapshot(self._board, policy_version, timeout_s)
         if descriptor.numel != into.numel():
             raise WeightTransportError(f"snapshot has {descriptor.numel} values, this cell {into.numel()}")
         self._register(into)

@@ -1,0 +1,143 @@
+"""Streaming training on Megatron-core cells: each cell is a tensor-parallel group of two
+processes, with real Redis and real PostgreSQL; the updates equal one process training each whole
+batch with the same GPT at TP=1. Needs megatron-core (skipped loudly without it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gyre_proxy.refengine import free_port
+from gyre_store import PostgresEventLog, iterate
+from gyre_store.catalog import CellRole, CellRoleChanged
+from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_train.backend_megatron import MegatronModelSpec
+from gyre_train.backend_torch import OptimizerConfig
+from gyre_train.cells import BurstPlan
+from gyre_train.claims import RedisMicroStepQueue
+from gyre_train.cluster import CellCluster
+from gyre_train.exceptions import InvalidConfigError
+from gyre_train.loss import LossConfig
+from gyre_train.publish import EnginePublisherConfig
+from gyre_train.replica import MegatronCells, RankLayout
+from gyre_train.streaming_run import SyntheticBatchConfig, cell_configs, enqueue_batch, synthetic_batch
+
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
+        reason="MEGATRON-CORE NOT INSTALLED: Megatron cells are untested (pip install megatron-core==0.16.1)",
+    ),
+    pytest.mark.timeout(300),
+]
+
+DATA = SyntheticBatchConfig(groups=2, executions=3, max_rows=2, vocab_size=128)
+SPEC = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=5)
+# Clipped SGD moves every weight by lr * clipped gradient, so the check is tight (see test_megatron).
+OPTIMIZER = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.01)
+LOSS = LossConfig(clip_low=0.01, clip_high=100.0)
+
+
+def _reference(rank: int, batch_count: int, port: int, output: str) -> None:
+    """One process, TP=1: train each whole batch in turn, save the weights after each update."""
+    import warnings
+
+    warnings.filterwarnings("ignore")  # Megatron warns about Apex and Transformer Engine.
+    from gyre_train.backend_megatron import MegatronBackend
+    from gyre_train.local_training import train_batch_locally
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with MegatronBackend(SPEC, OPTIMIZER) as backend:
+            states = [backend.full_named_tensors()]
+            for b in range(batch_count):
+                steps, executions = synthetic_batch(11, b, DATA)
+                train_batch_locally(backend, steps, executions, LOSS)
+                states.append(backend.full_named_tensors())
+        torch.save(states, output)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_layout_follows_megatrons_order() -> None:
+    layout = RankLayout(cells=3, cell=1, position=3, tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert layout.world == 12 and layout.size == 4
+    # tensor rank fastest, then the cell (data parallel), then the pipeline stage
+    assert [layout.rank_of(1, p) for p in range(4)] == [2, 3, 8, 9]
+    assert [layout.rank_of(c, 0) for c in range(3)] == [0, 2, 4]
+    assert layout.rank == 9 and not layout.leads
+    with pytest.raises(InvalidConfigError):
+        RankLayout(cells=2, cell=0, position=2, tensor_parallel_size=2)
+
+
+def test_megatron_cells_refuse_engine_publication(redis_url: str) -> None:
+    with pytest.raises(InvalidConfigError, match="converter"):
+        cell_configs(
+            cells=2, redis_url=redis_url, port=free_port(), model=MegatronCells(SPEC, 2),
+            engines=EnginePublisherConfig(("http://127.0.0.1:1",), "disk", Path("/tmp")),
+        )  # fmt: skip
+
+
+def test_tensor_parallel_cells_with_a_joining_satellite_equal_one_process(
+    redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog, database_url: str
+) -> None:
+    rng = np.random.default_rng(3)
+    batches = [synthetic_batch(11, b, DATA) for b in range(3)]
+    sizes = {b: len(steps) for b, (steps, _) in enumerate(batches)}
+    # Burst 1: the satellite joins batch 0 at a random claim and stays for batch 1 (it receives
+    # the broadcast after the non-final update). Burst 2: it rejoins and pulls the snapshot.
+    bursts = [
+        BurstPlan(batches=(0, 1), joins={1: (0, int(rng.integers(0, sizes[0])))}),
+        BurstPlan(batches=(2,), joins={1: (0, int(rng.integers(0, sizes[2])))}),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp)
+        reference = mp.start_processes(
+            _reference, args=(len(batches), free_port(), str(output / "reference.pt")),
+            nprocs=1, join=False, start_method="spawn",
+        )  # fmt: skip
+        assert reference is not None
+        configs = cell_configs(
+            cells=2, redis_url=redis_url, port=free_port(), model=MegatronCells(SPEC, tensor_parallel_size=2),
+            prefix=prefix, optimizer=OPTIMIZER, loss=LOSS, output_dir=output, database_url=database_url,
+        )  # fmt: skip
+        assert len(configs) == 4 and [c.position for c in configs] == [0, 0, 1, 1]
+        with CellCluster(configs, bursts) as cluster:
+            for b, (steps, executions) in enumerate(batches):
+                enqueue_batch(RedisMicroStepQueue(redis_client, configs[0].queue, b), steps, executions, 0.02)
+            cluster.wait(timeout_s=240)
+        while not reference.join(timeout=240):
+            pass
+        states = torch.load(output / "reference.pt")
+        for version in range(1, len(batches) + 1):
+            got = torch.load(output / f"params-v{version}.pt")
+            expected = states[version]
+            assert got.keys() == expected.keys()
+            moved = max(float((expected[n] - states[version - 1][n]).abs().max()) for n in expected)
+            assert moved > 1e-3  # the update is not trivially zero
+            for name, tensor in expected.items():
+                torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=f"v{version} {name}")
+
+    events = [e.event for e in iterate(pg_log)]
+    contributions = [e for e in events if isinstance(e, ContributionAccepted)]
+    seen = Counter((e.batch, e.micro_step) for e in contributions)
+    assert seen == Counter({(b, m): 1 for b, n in sizes.items() for m in range(n)})
+    assert {e.cell for e in contributions} == {0, 1}  # the satellite's gradients entered updates
+    claimed_by = Counter(e.cell for e in events if isinstance(e, MicroStepClaimed))
+    assert claimed_by[0] > 0 and claimed_by[1] > 0  # only leaders claim: two cells, not four ranks
+    assert set(claimed_by) == {0, 1}
+    updates = [e for e in events if isinstance(e, TrainingUpdate)]
+    assert [(u.policy_version, u.final) for u in updates] == [(1, False), (2, True), (3, True)]
+    roles = [(e.cell_index, e.role) for e in events if isinstance(e, CellRoleChanged)]
+    assert roles.count((1, CellRole.TRAINING)) == 2  # the satellite joined both bursts
