@@ -94,8 +94,11 @@ class StoreGroupSource:
 
     def ready_groups(self) -> Sequence[GroupTicket]:
         if self._refresh:
+            # One cut of the log for all three: caught up one after another to their own heads,
+            # a reward appended in between would make a group ready before its reward row exists.
+            head = self._log.head()
             for projection in (TreeProjection(), EvaluationsProjection(), GroupsProjection()):
-                catch_up(self._log, self._store, projection)
+                catch_up(self._log, self._store, projection, until=head)
         return tuple(
             GroupTicket(row["group_id"], int(row["policy_version"]), int(row["ready_position"]))
             for row in self._store.select("gyre_groups", "status", GroupStatus.READY)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -181,3 +183,36 @@ def test_rebuild_of_the_evaluation_and_group_projections_equals_the_incremental_
     for table in ("gyre_artifacts", "gyre_evaluations", "gyre_rewards", "gyre_groups", "gyre_group_members"):
         assert rebuilt.dump(table) == live.dump(table) == stepped.dump(table), table
     assert np.all([g["status"] == "consumed" for g in live.dump("gyre_groups")])
+
+
+class _AppendsOnSecondHead(InMemoryEventLog):
+    """A log where another writer appends right after the second `head()` call has answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = 0
+        self.writer: Callable[[], object] | None = None
+
+    def head(self) -> int:
+        position = super().head()
+        self.heads += 1
+        if self.heads == 2 and self.writer is not None:
+            self.writer()
+        return position
+
+
+def test_ready_groups_reads_one_cut_of_the_log() -> None:
+    log = _AppendsOnSecondHead()
+    dispatch_group(log, RUN, "g-cut", ["a"], policy_version=0)
+    start(log, "a", RUN)
+    finish(log, "a", RUN)
+    runner = EvaluationRunner(log, CallableEvaluator(_judge), EvaluationConfig(retry_delay_s=0))
+    runner.preserve("a", "v1")
+    source = StoreGroupSource(log, memory_store(), GroupSourceConfig(), step=1)
+    # The reward lands while the source catches its projections up: either all three see it
+    # or none does, so a ticket always builds.
+    log.heads, log.writer = 0, lambda: runner.settle("a", deadline=INF)
+    for _ in range(2):
+        for ticket in source.ready_groups():
+            assert source.build(ticket.group_id).executions[0].advantage == 0.0
+    assert [t.group_id for t in source.ready_groups()] == ["g-cut"]
