@@ -5,7 +5,8 @@ GyreTrainError (gyre_train.exceptions)
  ├── ContributionError         the micro-steps reduced into a batch are not each there exactly once
  ├── WeightTransportError      a weight snapshot could not be exposed or pulled
  ├── PublicationError          an engine did not take the published weights
- └── CellFailedError           a cell process failed or did not finish in time
+ ├── CellFailedError           a cell process failed or did not finish in time
+ └── ProducerTimeoutError      a batch's groups did not become ready in time
 """
 
 from __future__ import annotations
@@ -31,3 +32,7 @@ class PublicationError(GyreTrainError):
 
 class CellFailedError(GyreTrainError):
     """A cell process failed or did not finish in time."""
+
+
+class ProducerTimeoutError(GyreTrainError):
+    """A batch's groups did not become ready in time."""
