@@ -4,9 +4,11 @@ batch with the same GPT at TP=1. Needs megatron-core (skipped loudly without it)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, T
 from gyre_train.backend_megatron import MegatronModelSpec
 from gyre_train.backend_torch import OptimizerConfig
 from gyre_train.cells import BurstPlan
-from gyre_train.claims import RedisMicroStepQueue
+from gyre_train.claims import QueueConfig, RedisMicroStepQueue
 from gyre_train.cluster import CellCluster
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.loss import LossConfig
@@ -47,7 +49,9 @@ OPTIMIZER = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.01)
 LOSS = LossConfig(clip_low=0.01, clip_high=100.0)
 
 
-def _reference(rank: int, batch_count: int, port: int, output: str) -> None:
+def _reference(
+    rank: int, data: SyntheticBatchConfig, seed: int, batch_count: int, port: int, output: str
+) -> None:
     """One process, TP=1: train each whole batch in turn, save the weights after each update."""
     import warnings
 
@@ -62,12 +66,39 @@ def _reference(rank: int, batch_count: int, port: int, output: str) -> None:
         with MegatronBackend(SPEC, OPTIMIZER) as backend:
             states = [backend.full_named_tensors()]
             for b in range(batch_count):
-                steps, executions = synthetic_batch(11, b, DATA)
+                steps, executions = synthetic_batch(seed, b, data)
                 train_batch_locally(backend, steps, executions, LOSS)
                 states.append(backend.full_named_tensors())
         torch.save(states, output)
     finally:
         dist.destroy_process_group()
+
+
+def _start_reference(data: SyntheticBatchConfig, seed: int, count: int, output: Path) -> mp.ProcessContext:
+    context = mp.start_processes(
+        _reference,
+        args=(data, seed, count, free_port(), str(output)),
+        nprocs=1,
+        join=False,
+        start_method="spawn",
+    )
+    assert context is not None
+    return context
+
+
+def _assert_updates_equal(reference: mp.ProcessContext, output: Path, count: int) -> None:
+    """params-v1..count written by the core equal the reference's weights after each update."""
+    while not reference.join(timeout=240):
+        pass
+    states = torch.load(output / "reference.pt")
+    for version in range(1, count + 1):
+        got = torch.load(output / f"params-v{version}.pt")
+        expected = states[version]
+        assert got.keys() == expected.keys()
+        moved = max(float((expected[n] - states[version - 1][n]).abs().max()) for n in expected)
+        assert moved > 1e-3  # the update is not trivially zero
+        for name, tensor in expected.items():
+            torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=f"v{version} {name}")
 
 
 def test_rank_layout_follows_megatrons_order() -> None:
@@ -103,11 +134,7 @@ def test_tensor_parallel_cells_with_a_joining_satellite_equal_one_process(
     ]
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp)
-        reference = mp.start_processes(
-            _reference, args=(len(batches), free_port(), str(output / "reference.pt")),
-            nprocs=1, join=False, start_method="spawn",
-        )  # fmt: skip
-        assert reference is not None
+        reference = _start_reference(DATA, 11, len(batches), output / "reference.pt")
         configs = cell_configs(
             cells=2, redis_url=redis_url, port=free_port(), model=MegatronCells(SPEC, tensor_parallel_size=2),
             prefix=prefix, optimizer=OPTIMIZER, loss=LOSS, output_dir=output, database_url=database_url,
@@ -117,17 +144,7 @@ def test_tensor_parallel_cells_with_a_joining_satellite_equal_one_process(
             for b, (steps, executions) in enumerate(batches):
                 enqueue_batch(RedisMicroStepQueue(redis_client, configs[0].queue, b), steps, executions, 0.02)
             cluster.wait(timeout_s=240)
-        while not reference.join(timeout=240):
-            pass
-        states = torch.load(output / "reference.pt")
-        for version in range(1, len(batches) + 1):
-            got = torch.load(output / f"params-v{version}.pt")
-            expected = states[version]
-            assert got.keys() == expected.keys()
-            moved = max(float((expected[n] - states[version - 1][n]).abs().max()) for n in expected)
-            assert moved > 1e-3  # the update is not trivially zero
-            for name, tensor in expected.items():
-                torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=f"v{version} {name}")
+        _assert_updates_equal(reference, output, len(batches))
 
     events = [e.event for e in iterate(pg_log)]
     contributions = [e for e in events if isinstance(e, ContributionAccepted)]
@@ -141,3 +158,36 @@ def test_tensor_parallel_cells_with_a_joining_satellite_equal_one_process(
     assert [(u.policy_version, u.final) for u in updates] == [(1, False), (2, True), (3, True)]
     roles = [(e.cell_index, e.role) for e in events if isinstance(e, CellRoleChanged)]
     assert roles.count((1, CellRole.TRAINING)) == 2  # the satellite joined both bursts
+
+
+def test_a_megatron_satellite_killed_mid_batch_leaves_the_update_equal(
+    redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog, database_url: str
+) -> None:
+    data = dataclasses.replace(DATA, groups=8)
+    steps, executions = synthetic_batch(5, 0, data)
+    queue_config = QueueConfig(prefix, claim_timeout_s=1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp)
+        reference = _start_reference(data, 5, 1, output / "reference.pt")
+        configs = cell_configs(
+            cells=3, redis_url=redis_url, port=free_port(), model=MegatronCells(SPEC, tensor_parallel_size=2),
+            queue=queue_config, optimizer=OPTIMIZER, loss=LOSS, output_dir=output, database_url=database_url,
+        )  # fmt: skip
+        # Satellite 2 is slowed down most, so it is caught holding gradient claims.
+        configs = [dataclasses.replace(c, step_delay_s=0.3 if c.cell == 2 else 0.1) for c in configs]
+        queue = RedisMicroStepQueue(redis_client, queue_config, 0)
+        with CellCluster(configs, [BurstPlan(batches=(0,), joins={1: (0, 0), 2: (0, 0)})]) as cluster:
+            enqueue_batch(queue, steps, executions)
+            deadline = time.monotonic() + 90
+            while sum(c.cell == 2 for c in queue.pending() if queue.clip() is not None) < 2:
+                assert time.monotonic() < deadline, "satellite 2 never held two gradient claims"
+                time.sleep(0.005)
+            cluster.kill(2)  # both of its processes
+            cluster.wait(timeout_s=240)
+        _assert_updates_equal(reference, output, 1)
+    events = [e.event for e in iterate(pg_log)]
+    contributions = [e for e in events if isinstance(e, ContributionAccepted)]
+    assert Counter(e.micro_step for e in contributions) == Counter(range(len(steps)))
+    assert {e.cell for e in contributions} == {0, 1}
+    update = next(e for e in events if isinstance(e, TrainingUpdate))
+    assert update.cells == [0, 1] and update.micro_steps == len(steps)
