@@ -103,12 +103,15 @@ from gyre_train.packing import (
     RowKey,
     select_oldest,
 )
+from gyre_train.producer import ProducerConfig, stream_batch
 from gyre_train.publish import EnginePublisher, EnginePublisherConfig, WeightPublisher
+from gyre_train.replica import CellModel, MegatronCells, RankLayout, Replica
 from gyre_train.rows import ExecutionRows, TokenRow, materialize_rows
 from gyre_train.streaming_errors import (
     CellFailedError,
     ClaimQueueError,
     ContributionError,
+    ProducerTimeoutError,
     PublicationError,
     WeightTransportError,
 )
@@ -153,6 +156,7 @@ __all__ = [
     "CellCluster",
     "CellConfig",
     "CellFailedError",
+    "CellModel",
     "ClaimQueueError",
     "ClassPriority",
     "Clock",
@@ -194,6 +198,7 @@ __all__ = [
     "LossConfig",
     "LossCounters",
     "MegatronBackend",
+    "MegatronCells",
     "MegatronModelSpec",
     "MicroStep",
     "MicroStepLoss",
@@ -206,14 +211,18 @@ __all__ = [
     "PackingConfig",
     "Phase",
     "PreservedState",
+    "ProducerConfig",
+    "ProducerTimeoutError",
     "PublicationError",
     "QueueConfig",
+    "RankLayout",
     "RatioShare",
     "ReadyGroup",
     "ReadyGroupSource",
     "RedisBatchBoard",
     "RedisMicroStepQueue",
     "ReducePlan",
+    "Replica",
     "RewardStatus",
     "RowKey",
     "RowTooLongError",
@@ -267,6 +276,7 @@ __all__ = [
     "select_oldest",
     "step_log",
     "stored_execution",
+    "stream_batch",
     "synthetic_batch",
     "token_loss",
     "train_batch_locally",
