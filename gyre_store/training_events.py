@@ -64,3 +64,4 @@ class TrainingUpdate(Event, frozen=True, kw_only=True):
     loss: float
     grad_norm: float
     final: bool  # the burst's last update: published to the engines, not broadcast
+    failed_reductions: NonNegative = 0  # reductions a member died inside before this one counted

@@ -106,6 +106,14 @@ class RedisBatchBoard:
         data = self._redis.get(self._key(batch, "plan"))
         return None if data is None else ReducePlan.decode(data)
 
+    def put_reduced(self, batch: int, attempt: int) -> None:
+        """The core received the reduction of plan `attempt`; its members' part is done."""
+        self._redis.set(self._key(batch, "reduced"), attempt)
+
+    def reduced(self, batch: int) -> int | None:
+        value = self._redis.get(self._key(batch, "reduced"))
+        return None if value is None else int(value)
+
     def put_updated(self, batch: int, policy_version: int) -> None:
         """The core made the batch's update; satellites may move on."""
         self._redis.set(self._key(batch, "updated"), policy_version)

@@ -194,24 +194,33 @@ class Cell:
         return RedisMicroStepQueue(self.redis, self.config.queue, batch)
 
 
-def _core_batch(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]:
+@dataclass
+class _CoreProgress:
+    """What the core has accumulated of one batch, kept across reduction attempts."""
+
+    held: dict[str, int] = field(default_factory=dict)
+    clip: ExecutionClip | None = None
+    loss: float = 0.0
+    attempt: int = 0
+
+
+def _core_batch(cell: Cell, batch: int, final: bool, progress: _CoreProgress) -> ReducePlan:
     """Claim and compute until every task is handed out, then plan the reduction."""
     queue, c = cell.queue(batch), cell.config
-    held: dict[str, int] = {}
-    clip: ExecutionClip | None = None
-    loss = 0.0
+    held = progress.held
     while True:
+        clip = progress.clip
         queue.renew(CORE, held)
         cell.replica.serve()
         task = queue.claim(CORE) or queue.reclaim(CORE)
         if task is not None:
-            loss += cell.process(queue, task, held, clip)
+            progress.loss += cell.process(queue, task, held, clip)
             continue
         if clip is None:
             manifest = queue.manifest()
             if manifest is not None and queue.ratio_count() == manifest.micro_steps:
-                clip = merge_shares(queue.ratio_shares(), manifest.summaries(), c.loss)
-                queue.open_gradients(clip)
+                progress.clip = merge_shares(queue.ratio_shares(), manifest.summaries(), c.loss)
+                queue.open_gradients(progress.clip)
             else:
                 time.sleep(c.queue.poll_s)
             continue
@@ -227,6 +236,7 @@ def _core_batch(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]
             core_held=held,
             pending=queue.pending(),
             final=final,
+            attempt=progress.attempt,
         )
         if isinstance(decision, Wait):
             time.sleep(c.queue.poll_s)
@@ -235,10 +245,32 @@ def _core_batch(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]
             for message_id in decision.message_ids:
                 taken = queue.take_over(CORE, message_id)
                 if taken is not None:
-                    loss += cell.process(queue, taken, held, clip)
+                    progress.loss += cell.process(queue, taken, held, clip)
             continue
         cell.board.put_plan(decision)
-        return decision, loss
+        return decision
+
+
+def _reduce_on_core(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]:
+    """Plan and reduce until a reduction succeeds; returns its plan and the batch loss.
+
+    A member that dies after reporting drained (its heartbeat not yet expired) is in the plan
+    and fails the collective. The core keeps its gradients (the reduction ran on a copy), waits
+    out the dead member's heartbeat, takes its claims over and plans again (`attempt` + 1);
+    live members wait for the newer plan instead of moving on.
+    """
+    progress = _CoreProgress()
+    while True:
+        plan = _core_batch(cell, batch, final, progress)
+        loss = cell.replica.reduce(plan, progress.loss)
+        if loss is not None:
+            cell.board.put_reduced(batch, plan.attempt)
+            return plan, loss
+        progress.attempt += 1
+        deadline = time.monotonic() + cell.config.queue.claim_timeout_s
+        while time.monotonic() < deadline:  # keep the core's own claims and heartbeat alive
+            cell.queue(batch).renew(CORE, progress.held)
+            time.sleep(cell.config.queue.poll_s)
 
 
 def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
@@ -254,8 +286,7 @@ def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
             final = position == len(burst.batches) - 1
             cell.replica.zero_gradients()
             cell.board.open_batch(batch, cell.version)
-            plan, loss = _core_batch(cell, batch, final)
-            loss = cell.replica.reduce(plan, loss)
+            plan, loss = _reduce_on_core(cell, batch, final)
             queue = cell.queue(batch)
             queue.ack(plan.message_ids())
             contributions: list[Event] = []
@@ -291,6 +322,7 @@ def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
                     loss=loss,
                     grad_norm=norm,
                     final=final,
+                    failed_reductions=plan.attempt,
                 )
             ]
             if final and publisher is not None:
@@ -319,12 +351,50 @@ def _satellite_batch(cell: Cell, batch: int) -> tuple[ReducePlan, float]:
         time.sleep(c.queue.poll_s)
     cell.board.report_drained(batch, c.cell, held)
 
-    # Keep the claims alive until the plan: they must not look like a dead cell's.
-    def plan_or_renew() -> ReducePlan | None:
-        queue.renew(c.cell, held)
-        return cell.board.plan(batch)
+    return _next_plan(cell, batch, held, -1), loss
 
-    return cell.wait_for(f"plan of batch {batch}", plan_or_renew), loss
+
+def _next_plan(cell: Cell, batch: int, held: dict[str, int], after: int) -> ReducePlan:
+    """The batch's plan newer than attempt `after`, renewing this cell's claims meanwhile (they
+    must not look like a dead cell's)."""
+    queue = cell.queue(batch)
+
+    def plan_or_renew() -> ReducePlan | None:
+        queue.renew(cell.config.cell, held)
+        plan = cell.board.plan(batch)
+        return plan if plan is not None and plan.attempt > after else None
+
+    return cell.wait_for(f"plan of batch {batch} after attempt {after}", plan_or_renew)
+
+
+def _reduce_on_satellite(cell: Cell, batch: int, plan: ReducePlan, loss: float) -> ReducePlan:
+    """Take part in the plan's reduction until the core confirms one; returns the plan that
+    counted. A reduction that failed here or on the core is followed by a newer plan, which
+    may leave this cell out (then its gradients are discarded)."""
+    me = cell.config.cell
+    held = dict(plan.held[plan.cells.index(me)])
+    while me in plan.cells:
+        cell.replica.reduce(plan, loss)
+        # Whether it failed here or not, only the core knows whether the reduction counted.
+        newer = _reduced_or_newer(cell, batch, held, plan.attempt)
+        if newer is None:
+            return plan
+        plan = newer
+    return plan
+
+
+def _reduced_or_newer(cell: Cell, batch: int, held: dict[str, int], attempt: int) -> ReducePlan | None:
+    """None once the core confirms the reduction of plan `attempt`; else the newer plan."""
+
+    def probe() -> tuple[ReducePlan | None] | None:
+        cell.queue(batch).renew(cell.config.cell, held)
+        if cell.board.reduced(batch) == attempt:
+            return (None,)
+        newer = cell.board.plan(batch)
+        return (newer,) if newer is not None and newer.attempt > attempt else None
+
+    (result,) = cell.wait_for(f"the reduction of batch {batch}", probe)
+    return result
 
 
 def _run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
@@ -367,10 +437,10 @@ def _run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
             cell.replica.zero_gradients()
             plan, loss = _satellite_batch(cell, batch)
             if c.cell in plan.cells:
-                cell.replica.reduce(plan, loss)
-                if not plan.final:
-                    cell.replica.broadcast(plan)
-                    have = version + 1
+                plan = _reduce_on_satellite(cell, batch, plan, loss)
+            if c.cell in plan.cells and not plan.final:
+                cell.replica.broadcast(plan)
+                have = version + 1
             cell.replica.zero_gradients()
         if joined:
             cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: satellite returns to rollout")

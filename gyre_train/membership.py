@@ -25,7 +25,8 @@ class ReducePlan(msgspec.Struct, frozen=True, array_like=True):
 
     `held[i]` lists (message id, micro-step index) of what `cells[i]` holds; `dropped` cells are
     alive but outside the prefix and must discard their gradients; `final` says whether this is
-    the burst's last update (publish to engines) or not (broadcast to `cells`).
+    the burst's last update (publish to engines) or not (broadcast to `cells`). `attempt` counts
+    the batch's plans: a member dying inside the reduction fails it, and the core plans again.
     """
 
     batch: int
@@ -33,6 +34,7 @@ class ReducePlan(msgspec.Struct, frozen=True, array_like=True):
     held: tuple[tuple[tuple[str, int], ...], ...]
     dropped: tuple[int, ...]
     final: bool
+    attempt: int = 0
 
     @property
     def prefix(self) -> int:
@@ -81,6 +83,7 @@ def plan_reduction(
     core_held: Mapping[str, int],
     pending: Sequence[PendingClaim],
     final: bool,
+    attempt: int = 0,
 ) -> ReducePlan | Wait | TakeOver:
     """Decide the reduction of `batch`; call only after every task was delivered.
 
@@ -125,4 +128,4 @@ def plan_reduction(
             f"batch {batch}: the prefix holds micro-steps {indices}, expected 0..{micro_steps - 1} once each"
         )
     dropped = tuple(sorted(c for c in members if c not in prefix and c in alive and c != CORE))
-    return ReducePlan(batch, tuple(range(k)), tuple(held), dropped, final)
+    return ReducePlan(batch, tuple(range(k)), tuple(held), dropped, final, attempt)

@@ -216,9 +216,11 @@ class Replica:
     def zero_gradients(self) -> None:
         self._run("zero")
 
-    def reduce(self, plan: ReducePlan, loss: float) -> float:
-        """Sum the prefix's gradients (and loss shares) onto the core; returns the summed loss."""
-        total: float = self._run("reduce", plan.prefix, loss)
+    def reduce(self, plan: ReducePlan, loss: float) -> float | None:
+        """Sum the prefix's gradients (and loss shares) onto the core; returns the summed loss,
+        or None when a rank of the prefix failed inside the collective (every rank of this cell
+        then returns None; the accumulated gradients are untouched, so it can be reduced again)."""
+        total: float | None = self._run("reduce", plan.prefix, loss)
         return total
 
     def update(self) -> float:
@@ -292,13 +294,24 @@ class Replica:
     def _gradient(self, step: MicroStep, clip: ExecutionClip) -> float:
         return gradient_share(self.backend, step, clip, self._loss)
 
-    def _reduce(self, prefix: int, loss: float) -> float:
+    def _reduce(self, prefix: int, loss: float) -> float | None:
         # Every rank of a cell holds the same loss share, so each position sums the same total.
+        # The reduction runs on a copy: a failed one leaves the accumulated gradients as they were.
         flat = torch.cat([self.backend.flat_gradients(), torch.tensor([loss], dtype=torch.float32)])
+        ok = torch.ones(1)
         if prefix > 1:
-            dist.reduce(
-                flat, dst=self.layout.rank_of(CORE, self.layout.position), group=self._prefixes[prefix]
-            )
+            try:
+                dist.reduce(
+                    flat, dst=self.layout.rank_of(CORE, self.layout.position), group=self._prefixes[prefix]
+                )
+            except RuntimeError:  # a peer died mid-collective (gloo: "Connection closed by peer")
+                ok.zero_()
+        if self._command is not None:
+            # One rank's failure is the whole cell's: its shards only make sense together.
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._command)
+        if not bool(ok.item()):
+            self._reduced = None
+            return None
         self._reduced = flat[:-1]
         return float(flat[-1])
 

@@ -22,6 +22,7 @@ from gyre_store import PostgresEventLog, iterate
 from gyre_store.catalog import CellRole, CellRoleChanged
 from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
 from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.board import RedisBatchBoard
 from gyre_train.cells import BurstPlan
 from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue
 from gyre_train.cluster import CellCluster
@@ -173,3 +174,44 @@ def test_a_satellite_killed_mid_batch_leaves_the_update_equal(
     assert lost <= taken_over
     update = next(e for e in events if isinstance(e, TrainingUpdate))
     assert update.cells == [0, 1] and update.micro_steps == len(steps)
+
+
+@pytest.mark.parametrize("cells", [2, 3])
+def test_a_satellite_killed_after_draining_leaves_the_update_equal(
+    cells: int, redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog,
+    database_url: str,
+) -> None:  # fmt: skip
+    victim = cells - 1
+    batch = synthetic_batch(6, 0, dataclasses.replace(DATA, groups=3))
+    steps, executions = batch
+    # Its heartbeat outlives it by 3 s: the core plans with it and the reduction fails; with
+    # three cells the live satellite 1 must then reduce again under the newer plan.
+    queue_config = QueueConfig(prefix, claim_timeout_s=3.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp)
+        configs = cell_configs(
+            cells=cells, redis_url=redis_url, port=free_port(), model=SPEC, queue=queue_config,
+            optimizer=OPTIMIZER, output_dir=output, database_url=database_url,
+        )  # fmt: skip
+        # The core is slow, so the satellites drain (report what they hold) long before the
+        # core can plan the reduction, and the victim dies in between.
+        configs = [dataclasses.replace(c, step_delay_s=0.5 if c.cell == 0 else 0.0) for c in configs]
+        queue = RedisMicroStepQueue(redis_client, queue_config, 0)
+        board = RedisBatchBoard(redis_client, queue_config)
+        joins = {s: (0, 0) for s in range(1, cells)}
+        with CellCluster(configs, [BurstPlan(batches=(0,), joins=joins)]) as cluster:
+            enqueue_batch(queue, steps, executions)
+            deadline = time.monotonic() + 60
+            while victim not in board.drained(0):
+                assert time.monotonic() < deadline, "the satellite never drained"
+                time.sleep(0.005)
+            assert board.plan(0) is None and board.drained(0)[victim]  # it holds gradients, no plan yet
+            cluster.kill(victim)
+            cluster.wait(timeout_s=120)
+        _assert_updates_equal(output, _reference([batch]))
+    events = _events(pg_log)
+    by_cell = _contributions_exactly_once(events, {0: len(steps)})
+    assert by_cell[victim] == 0
+    update = next(e for e in events if isinstance(e, TrainingUpdate))
+    assert update.cells == list(range(cells - 1)) and update.micro_steps == len(steps)
+    assert update.failed_reductions == 1
