@@ -1,20 +1,23 @@
-"""The Megatron-core training backend: a GPTModel split by tensor parallelism over a gloo group.
+"""The Megatron-core training backend: a GPTModel split by tensor and pipeline parallelism.
 
-Every rank of the tensor-parallel group holds one shard, runs the same micro-steps and sees the
-same logprobs (the vocab-parallel cross entropy reduces over the group). The flat vectors of the
-`TrainingBackend` protocol are this rank's shard; `full_named_tensors` reassembles the TP=1
-layout. The caller owns `torch.distributed` (initialised before entering the backend); data
-parallel reduction across cells stays in cells.py. On a machine without a GPU the backend runs
-inside `megatron_compat.cpu_megatron()` for its whole lifetime. Pipeline parallelism is not here.
+Each rank holds one TP shard of one pipeline stage; with PP > 1 a micro-step goes through
+Megatron's 1F1B schedule and the last stage broadcasts its logprobs and loss, so the
+`TrainingBackend` protocol holds on every rank. Flat vectors are this rank's shard;
+`full_named_tensors` is the TP=1, PP=1 model. Optionally Megatron's distributed optimizer shards
+AdamW's state over the data-parallel ranks. The caller owns `torch.distributed` and the reduction
+across cells (cells.py); without a GPU everything runs inside `megatron_compat.cpu_megatron()`.
+Not here: virtual pipeline stages, expert parallelism, tied embeddings.
 """
 
 from __future__ import annotations
 
+import re
+import zlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -34,6 +37,9 @@ from gyre_train.packing import MicroStep
 
 # Megatron-core's name for the RNG stream that tensor-parallel regions fork.
 _MODEL_PARALLEL_RNG = "model-parallel-rng"
+# Megatron draws these from `output_layer_init_method` (std scaled by 1/sqrt(2 * layers)).
+_OUTPUT_PROJECTIONS = ("linear_proj.weight", "linear_fc2.weight")
+_LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +47,9 @@ class MegatronModelSpec:
     """A small GPT (learned absolute positions, untied output layer) and the seed of its weights.
 
     Positions are learned embeddings because they take the packed position ids directly (they
-    restart at 0 on every row); the weights are drawn on the CPU at full size and then split, so
-    every tensor-parallel size starts from the same model.
+    restart at 0 on every row). Each weight is drawn at full size from a seed keyed by its TP=1,
+    PP=1 name and then split, so every tensor- and pipeline-parallel layout starts from the same
+    model.
     """
 
     num_layers: int = 2
@@ -61,27 +68,50 @@ class MegatronModelSpec:
 
 @dataclass(eq=False)
 class MegatronBackend:
-    """One tensor-parallel shard of `spec`'s GPT; use as a context manager on every rank.
+    """One shard of one stage of `spec`'s GPT; use as a context manager on every rank.
 
     Entering initialises Megatron's parallel state over the current `torch.distributed` world
-    (whose size must be a multiple of `tensor_parallel_size`) and builds the model; leaving tears
-    the parallel state down and undoes the CPU patches.
+    (whose size must be a multiple of TP * PP; the rest is data parallel) and builds this rank's
+    stage; leaving tears the parallel state down and undoes the CPU patches.
+
+    `distributed_optimizer` wraps the stage in Megatron's DistributedDataParallel and steps
+    Megatron's sharded AdamW (SGD is refused: Megatron shards only Adam); every data-parallel rank
+    then calls `apply_update` with the same summed gradient. Unlike gyre's plain AdamW it skips
+    weight decay on biases and norms.
     """
 
     spec: MegatronModelSpec
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_optimizer: bool = False
     model: torch.nn.Module = field(init=False)
     _stack: ExitStack = field(init=False, default_factory=ExitStack)
-    _optimizer: torch.optim.Optimizer | None = field(init=False, default=None)
+    # Megatron's DistributedDataParallel around `model` (only with the distributed optimizer).
+    _ddp: Any = field(init=False, default=None)
+    # torch.optim.Optimizer, or Megatron's (sharded) optimizer with the distributed optimizer.
+    _optimizer: Any = field(init=False, default=None)
     _params: list[torch.nn.Parameter] = field(init=False, default_factory=list)
+    _global_names: dict[str, str] = field(init=False, default_factory=dict)
 
     def __enter__(self) -> MegatronBackend:
         if not dist.is_initialized():
             raise InvalidConfigError("initialise torch.distributed before entering a MegatronBackend")
-        if dist.get_world_size() % self.tensor_parallel_size:
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise InvalidConfigError("tensor_parallel_size and pipeline_parallel_size must be >= 1")
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        if dist.get_world_size() % model_parallel:
             raise InvalidConfigError(
-                f"world size {dist.get_world_size()} is not a multiple of TP={self.tensor_parallel_size}"
+                f"world size {dist.get_world_size()} is not a multiple of "
+                f"TP={self.tensor_parallel_size} x PP={self.pipeline_parallel_size}"
+            )
+        if self.spec.num_layers % self.pipeline_parallel_size:
+            raise InvalidConfigError(
+                f"{self.spec.num_layers} layers do not split into {self.pipeline_parallel_size} stages"
+            )
+        if self.distributed_optimizer and self.optimizer_config.kind != "adamw":
+            raise InvalidConfigError(
+                f"Megatron's distributed optimizer only runs AdamW, not {self.optimizer_config.kind!r}"
             )
         torch.set_num_threads(self.spec.torch_threads)
         with ExitStack() as stack:
@@ -95,6 +125,8 @@ class MegatronBackend:
     ) -> None:
         self._stack.close()
 
+    # -- construction ------------------------------------------------------------------------
+
     def _build(self, stack: ExitStack) -> None:
         parallel_state = megatron_module("megatron.core.parallel_state")
         tensor_parallel = megatron_module("megatron.core.tensor_parallel")
@@ -102,7 +134,10 @@ class MegatronBackend:
         layer_specs = megatron_module("megatron.core.models.gpt.gpt_layer_specs")
         transformer_config = megatron_module("megatron.core.transformer.transformer_config")
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=self.tensor_parallel_size)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=self.tensor_parallel_size,
+            pipeline_model_parallel_size=self.pipeline_parallel_size,
+        )
         stack.callback(parallel_state.destroy_model_parallel)
         tracker = tensor_parallel.get_cuda_rng_tracker()
         tracker.reset()
@@ -113,6 +148,11 @@ class MegatronBackend:
             num_attention_heads=self.spec.num_attention_heads,
             ffn_hidden_size=self.spec.ffn_hidden_size,
             tensor_model_parallel_size=self.tensor_parallel_size,
+            pipeline_model_parallel_size=self.pipeline_parallel_size,
+            pipeline_dtype=torch.float32,
+            # Stage-to-stage sends as plain isend/irecv pairs, not one batch_isend_irecv (an
+            # NCCL-shaped path); the pairs run the same exchange over gloo.
+            batch_p2p_comm=False,
             use_cpu_initialization=True,
             params_dtype=torch.float32,
             hidden_dropout=0.0,
@@ -124,46 +164,183 @@ class MegatronBackend:
             transformer_layer_spec=layer_specs.get_gpt_layer_local_spec(),
             vocab_size=self.spec.vocab_size,
             max_sequence_length=self.spec.max_sequence_length,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
             position_embedding_type="learned_absolute",
+            # Untied: with PP the embedding and the output layer live on different stages, and
+            # tying them would make the gradient norm count a shared weight twice.
             share_embeddings_and_output_weights=False,
             parallel_output=True,
         )
         self.model.train()
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._global_names = self._name_globally()
+        self._draw_weights(config)
+        if self.distributed_optimizer:
+            self._wrap_for_distributed_optimizer(config)
+
+    def _wrap_for_distributed_optimizer(self, config: Any) -> None:
+        # DDP moves the parameters into one contiguous buffer and accumulates every backward
+        # into `main_grad` views of a matching gradient buffer; the distributed optimizer owns a
+        # 1/DP slice of both. It never reduces here: gradients arrive summed in `apply_update`.
+        distributed = megatron_module("megatron.core.distributed")
+        ddp_config = distributed.DistributedDataParallelConfig(
+            use_distributed_optimizer=True,
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+        )
+        self._ddp = distributed.DistributedDataParallel(config, ddp_config, self.model)
+
+    def _name_globally(self) -> dict[str, str]:
+        """This stage's parameter names -> the names a TP=1, PP=1 model gives them."""
+        layers = cast(Any, self.model).decoder.layers
+        offsets = {str(i): str(int(layer.layer_number) - 1) for i, layer in enumerate(layers)}
+
+        def rename(name: str) -> str:
+            match = _LAYER_NAME.match(name)
+            if match is None:
+                return name
+            return f"decoder.layers.{offsets[match.group(1)]}.{name[match.end() :]}"
+
+        return {name: rename(name) for name, _ in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def _draw_weights(self, config: Any) -> None:
+        # Megatron draws weights in construction order from one generator, so a stage's layers
+        # would get different values at each PP size; a seed per (model seed, TP=1 PP=1 name)
+        # makes the draw independent of the layout. Norms (ones) and biases (zeros) keep theirs.
+        rank = megatron_module("megatron.core.parallel_state").get_tensor_model_parallel_rank()
+        for name, p in self.model.named_parameters():
+            global_name = self._global_names[name]
+            if name.endswith(".bias") or "layernorm" in name:
+                continue
+            init = config.output_layer_init_method if name.endswith(_OUTPUT_PROJECTIONS) else None
+            shape = list(p.shape)
+            split = bool(getattr(p, "tensor_model_parallel", False))
+            dim = int(getattr(p, "partition_dim", 0))
+            if split:
+                if int(getattr(p, "partition_stride", 1)) != 1:
+                    raise InvalidConfigError(f"{name} is split with a stride, which gyre does not draw")
+                shape[dim] *= self.tensor_parallel_size
+            torch.manual_seed(self.spec.seed * 1_000_003 + zlib.crc32(global_name.encode()))
+            full = torch.empty(shape, dtype=torch.float32)
+            (init or config.init_method)(full)
+            if split:
+                full = full.chunk(self.tensor_parallel_size, dim=dim)[rank]
+            p.copy_(full)
+
+    # -- groups ------------------------------------------------------------------------------
 
     @property
     def _group(self) -> Any:
         return megatron_module("megatron.core.parallel_state").get_tensor_model_parallel_group()
 
     @property
+    def _pipelined(self) -> bool:
+        return self.pipeline_parallel_size > 1
+
+    @property
+    def _module(self) -> torch.nn.Module:
+        """What the forward runs through: the DDP wrapper when there is one."""
+        return self.model if self._ddp is None else cast(torch.nn.Module, self._ddp)
+
+    def _gradient_of(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """The accumulated gradient of `p`: DDP's `main_grad` view, else `.grad` (or zeros)."""
+        if self._ddp is not None:
+            return cast(torch.Tensor, getattr(p, "main_grad"))  # noqa: B009 (set by Megatron's DDP)
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    @property
     def numel(self) -> int:
         """Values in this rank's shard."""
         return sum(p.numel() for p in self._params)
 
+    # -- the two passes ----------------------------------------------------------------------
+
     def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor:
-        """[T] packed logprobs (0 at each row's first token), identical on every TP rank."""
-        vocab_parallel_cross_entropy = megatron_module(
-            "megatron.core.tensor_parallel"
-        ).vocab_parallel_cross_entropy
-        total = len(step)
+        """[T] packed logprobs (0 at each row's first token), identical on every rank.
+
+        With pipeline parallelism the graph spans processes, so only `grad=False` is offered
+        (pass 2 goes through `accumulate_gradients`); it raises InvalidConfigError otherwise.
+        """
+        total = self._check_length(step)
         if total == 0:
             return torch.zeros(0, dtype=torch.float32)
+        if self._pipelined:
+            if grad:
+                raise InvalidConfigError(
+                    "a pipeline-parallel backend keeps no graph across stages: call "
+                    "accumulate_gradients for pass 2"
+                )
+            with torch.no_grad():
+                return self._through_pipeline(step, None)[0]
+        input_ids, position_ids, mask = _inputs(step)
+        with torch.set_grad_enabled(grad):
+            logits = self._module(input_ids, position_ids, mask)  # [1, T, V/tp]
+            return _packed_logprobs(logits, input_ids, position_ids)
+
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
+        if not self._pipelined:
+            return backward_loss(loss_of(self.logprobs(step, grad=True)))
+        if self._check_length(step) == 0:
+            return float(loss_of(torch.zeros(0, dtype=torch.float32)))
+        return self._through_pipeline(step, loss_of)[1]
+
+    def _check_length(self, step: MicroStep) -> int:
+        total = len(step)
         if total > self.spec.max_sequence_length:
             raise InvalidConfigError(
                 f"micro-step has {total} tokens, max_sequence_length is {self.spec.max_sequence_length}"
             )
-        input_ids = torch.tensor(step.token_ids, dtype=torch.long)[None]  # [1, T]
-        position_ids = torch.tensor(step.position_ids, dtype=torch.long)[None]  # [1, T]
-        with torch.set_grad_enabled(grad):
-            logits = self.model(input_ids, position_ids, _blocked_attention(step))  # [1, T, V/tp]
-            # Megatron's cross entropy is -log softmax at the target, reduced over the vocab shards.
-            predicted = -vocab_parallel_cross_entropy(logits[:, :-1].float(), input_ids[:, 1:])[0]  # [T-1]
-            logprobs = torch.cat([predicted.new_zeros(1), predicted])  # [T]
-            # A row's first token would be "predicted" by the previous row's last one.
-            return logprobs.masked_fill(position_ids[0] == 0, 0.0)
+        return total
 
-    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
-        return backward_loss(loss_of(self.logprobs(step, grad=True)))
+    def _through_pipeline(
+        self, step: MicroStep, loss_of: LossOfLogprobs | None
+    ) -> tuple[torch.Tensor, float]:
+        """One micro-step through the 1F1B schedule (forward only without `loss_of`).
+
+        The last stage computes the logprobs and `loss_of` on them; both are broadcast to every
+        stage, so every rank returns the same ([T] logprobs, loss value).
+        """
+        parallel_state = megatron_module("megatron.core.parallel_state")
+        schedules = megatron_module("megatron.core.pipeline_parallel.schedules")
+        input_ids, position_ids, mask = _inputs(step)
+        total = len(step)
+        seen: dict[str, Any] = {}
+
+        def loss_func(logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            logprobs = _packed_logprobs(logits, input_ids, position_ids)  # [T]
+            seen["logprobs"] = logprobs.detach()
+            loss = loss_of(logprobs) if loss_of is not None else logprobs.new_zeros(())
+            seen["loss"] = float(loss.detach())
+            # The schedule scales what it is given in place (by 1 / micro-batches): hand it a copy.
+            return loss.clone(), {}
+
+        def forward_step(data: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
+            return model(input_ids, position_ids, mask), loss_func
+
+        schedules.get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([None]),
+            model=[self._module],
+            num_microbatches=1,
+            seq_length=total,
+            micro_batch_size=1,
+            forward_only=loss_of is None,
+        )
+        result = torch.zeros(total + 1, dtype=torch.float64)  # [T logprobs, loss]
+        if parallel_state.is_pipeline_last_stage():
+            result[:total] = seen["logprobs"]
+            result[total] = seen["loss"]
+        dist.broadcast(
+            result,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        return result[:total].float(), float(result[total])
+
+    # -- flat vectors and the update ---------------------------------------------------------
 
     def flat_parameters(self) -> torch.Tensor:
         return flatten_parameters(self._params)
@@ -172,17 +349,57 @@ class MegatronBackend:
         load_flat_parameters(self._params, flat, "shard")
 
     def flat_gradients(self) -> torch.Tensor:
-        return flatten_gradients(self._params)
+        if self._ddp is None:
+            return flatten_gradients(self._params)
+        return torch.cat([self._gradient_of(p).detach().reshape(-1).float() for p in self._params])
 
     def zero_gradients(self) -> None:
+        if self._ddp is not None:
+            self._ddp.zero_grad_buffer()
         for p in self._params:
             p.grad = None
 
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        return make_optimizer(self._params, self.optimizer_config)
+    def _make_optimizer(self) -> Any:
+        if self._ddp is None:
+            return make_optimizer(self._params, self.optimizer_config)
+        optimizer = megatron_module("megatron.core.optimizer")
+        ours = self.optimizer_config
+        # Megatron skips weight decay on biases and norms; gyre's plain optimizer does not.
+        config = optimizer.OptimizerConfig(
+            optimizer="adam",
+            lr=ours.lr,
+            min_lr=ours.lr,
+            weight_decay=ours.weight_decay,
+            adam_beta1=ours.betas[0],
+            adam_beta2=ours.betas[1],
+            adam_eps=1e-8,  # torch's AdamW default, as make_optimizer uses
+            clip_grad=ours.max_grad_norm,
+            use_distributed_optimizer=True,
+            params_dtype=torch.float32,
+        )
+        return optimizer.get_megatron_optimizer(config, [self._ddp])
+
+    def optimizer_state_numel(self) -> int:
+        """Values of optimizer state (moments) this rank holds; 0 before the first update."""
+        if self._optimizer is None:
+            return 0
+        inner = getattr(self._optimizer, "chained_optimizers", [self._optimizer])
+        torch_optimizers = [getattr(o, "optimizer", o) for o in inner]
+        return sum(
+            value.numel()
+            for o in torch_optimizers
+            for state in o.state.values()
+            for key, value in state.items()
+            if key != "step" and isinstance(value, torch.Tensor)
+        )
 
     def _global_norm(self, gradients: list[torch.Tensor]) -> float:
-        """The L2 norm of the whole model's gradient: shards summed over the group, copies once."""
+        """The L2 norm of the whole model's gradient: shards summed over TP and PP, copies once.
+
+        Each stage holds different parameters (the embedding and output layer are untied), and
+        within a stage `param_is_not_tensor_parallel_duplicate` picks one copy of what TP repeats.
+        """
+        parallel_state = megatron_module("megatron.core.parallel_state")
         is_not_duplicate = megatron_module(
             "megatron.core.tensor_parallel"
         ).param_is_not_tensor_parallel_duplicate
@@ -190,16 +407,20 @@ class MegatronBackend:
         for p, g in zip(self._params, gradients, strict=True):
             if is_not_duplicate(p):
                 squares += g.double().square().sum()
-        dist.all_reduce(squares, group=self._group)
+        dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
         return float(squares.sqrt())
 
     def apply_update(self, flat_gradients: torch.Tensor) -> float:
         """Clip this shard's batch gradient by the global norm, step, and return that norm.
 
-        Every rank must call it together (the norm is reduced over the tensor-parallel group).
+        Every rank of the model-parallel group must call it together (the norm is reduced over
+        TP and PP); with the distributed optimizer every data-parallel rank too, each with the
+        same summed gradient: each steps its slice and the parameters are all-gathered.
         """
         if self._optimizer is None:
             self._optimizer = self._make_optimizer()
+        if self._ddp is not None:
+            return self._apply_distributed(flat_gradients)
         gradients = []
         offset = 0
         for p in self._params:
@@ -215,23 +436,58 @@ class MegatronBackend:
         self.zero_gradients()
         return norm
 
+    def _apply_distributed(self, flat_gradients: torch.Tensor) -> float:
+        """Write the batch gradient into DDP's `main_grad` buffers and step Megatron's optimizer.
+
+        Its step copies this rank's slice of the buffers into the shard's `.grad`, clips by the
+        norm over every slice (data and model parallel), steps the slice's AdamW and all-gathers
+        the parameters over the data-parallel group.
+        """
+        if flat_gradients.numel() != self.numel:
+            raise InvalidConfigError(
+                f"flat gradients have {flat_gradients.numel()} values, the shard {self.numel}"
+            )
+        offset = 0
+        with torch.no_grad():
+            for p in self._params:
+                self._gradient_of(p).copy_(flat_gradients[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        unclipped = self.optimizer_config.max_grad_norm <= 0
+        # Megatron reports the norm only when it clips (then it is this same global norm).
+        norm = self._global_norm([self._gradient_of(p) for p in self._params]) if unclipped else 0.0
+        succeeded, megatron_norm, _ = self._optimizer.step()
+        assert succeeded  # only a loss scaler (fp16) can skip a step, and there is none
+        self.zero_gradients()
+        return norm if unclipped else float(megatron_norm)
+
+    # -- whole-model views -------------------------------------------------------------------
+
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """This rank's shard, by Megatron parameter name."""
+        """This rank's shard, by Megatron parameter name (layer numbers local to the stage)."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
 
     def full_named_tensors(self) -> dict[str, torch.Tensor]:
-        """Every parameter in its TP=1 layout (shards gathered along their partition dimension).
+        """Every parameter in the TP=1, PP=1 layout and names, in that model's order.
 
-        Collective: every rank of the group must call it; every rank gets the full tensors.
+        Collective over the model-parallel group: every rank gets the whole model.
         """
-        return {name: self._gathered(p, p.detach()) for name, p in self.model.named_parameters()}
+        return self._whole({name: p.detach() for name, p in self.model.named_parameters()})
 
     def full_named_gradients(self) -> dict[str, torch.Tensor]:
-        """The accumulated gradients in the TP=1 layout (collective, like `full_named_tensors`)."""
-        return {
-            name: self._gathered(p, p.grad.detach() if p.grad is not None else torch.zeros_like(p))
-            for name, p in self.model.named_parameters()
-        }
+        """The accumulated gradients in the TP=1, PP=1 layout (collective, like the tensors)."""
+        return self._whole(
+            {name: self._gradient_of(p).detach().float() for name, p in self.model.named_parameters()}
+        )
+
+    def _whole(self, shards: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        parameters = dict(self.model.named_parameters())
+        stage = {self._global_names[n]: self._gathered(parameters[n], t) for n, t in shards.items()}
+        if not self._pipelined:
+            return stage
+        parallel_state = megatron_module("megatron.core.parallel_state")
+        stages: list[dict[str, torch.Tensor] | None] = [None] * self.pipeline_parallel_size
+        dist.all_gather_object(stages, stage, group=parallel_state.get_pipeline_model_parallel_group())
+        return {name: t for part in stages if part is not None for name, t in part.items()}
 
     def _gathered(self, parameter: torch.nn.Parameter, shard: torch.Tensor) -> torch.Tensor:
         # Megatron marks split parameters with `tensor_model_parallel` and `partition_dim`; the
@@ -244,12 +500,35 @@ class MegatronBackend:
         return torch.cat(parts, dim=int(getattr(parameter, "partition_dim", 0)))
 
     def save(self, path: Path) -> Path:
-        """This rank's shard as `tp<rank>.pt` under `path`."""
+        """This rank's shard as `tp<t>-pp<p>.pt` under `path` (names as `named_tensors`)."""
+        parallel_state = megatron_module("megatron.core.parallel_state")
         path.mkdir(parents=True, exist_ok=True)
-        rank = megatron_module("megatron.core.parallel_state").get_tensor_model_parallel_rank()
-        target = path / f"tp{rank}.pt"
+        tp = parallel_state.get_tensor_model_parallel_rank()
+        pp = parallel_state.get_pipeline_model_parallel_rank()
+        target = path / f"tp{tp}-pp{pp}.pt"
         torch.save(self.named_tensors(), target)
         return target
+
+
+def _inputs(step: MicroStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[1, T] token ids, [1, T] position ids and the [1, 1, T, T] blocked-attention mask."""
+    input_ids = torch.tensor(step.token_ids, dtype=torch.long)[None]
+    position_ids = torch.tensor(step.position_ids, dtype=torch.long)[None]
+    return input_ids, position_ids, _blocked_attention(step)
+
+
+def _packed_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """[T] logprob of each token given the ones before it in its row; 0 at each row's start."""
+    vocab_parallel_cross_entropy = megatron_module(
+        "megatron.core.tensor_parallel"
+    ).vocab_parallel_cross_entropy
+    # Megatron's cross entropy is -log softmax at the target, reduced over the vocab shards.
+    predicted = -vocab_parallel_cross_entropy(logits[:, :-1].float(), input_ids[:, 1:])[0]  # [T-1]
+    logprobs = torch.cat([predicted.new_zeros(1), predicted])  # [T]
+    # A row's first token would be "predicted" by the previous row's last one.
+    return logprobs.masked_fill(position_ids[0] == 0, 0.0)
 
 
 def _blocked_attention(step: MicroStep) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Megatron-core on a machine without a GPU: a scoped redirection of its CUDA calls to the CPU.
 
 Megatron-core 0.16 builds its tensors with `device=torch.cuda.current_device()`, moves buffers
-with `Tensor.cuda()` and forks a CUDA RNG state around every tensor-parallel region. Inside
+with `Tensor.cuda()`, forks a CUDA RNG state around every tensor-parallel region, orders work on
+CUDA streams, and its distributed optimizer accepts only `torch.cuda.*Tensor` parameters. Inside
 `cpu_megatron()` those calls land on the CPU (and the CPU generator); on exit everything is put
 back. It does nothing when CUDA is available, and nothing at import time.
 """
@@ -30,6 +31,18 @@ def _cpu_manual_seed(seed: int) -> None:
 
 def _tensor_cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return self
+
+
+_ORIGINAL_TENSOR_TYPE = torch.Tensor.type
+
+
+def _tensor_type(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    # The distributed optimizer accepts only parameters whose type() is a torch.cuda.*Tensor;
+    # a CPU tensor answers as its CUDA twin. Conversions (with arguments) are untouched.
+    name = _ORIGINAL_TENSOR_TYPE(self, *args, **kwargs)
+    if args or kwargs or not isinstance(name, str) or self.is_cuda:
+        return name
+    return name.replace("torch.", "torch.cuda.", 1)
 
 
 def _current_device() -> str:
@@ -108,6 +121,7 @@ def cpu_megatron(force: bool = False) -> Iterator[bool]:
         _patch(stack, torch.cuda, "Stream", _null_stream)
         _patch(stack, torch.cuda, "stream", _null_stream)
         _patch(stack, torch.Tensor, "cuda", _tensor_cuda)
+        _patch(stack, torch.Tensor, "type", _tensor_type)
         _patch(stack, mcore_random, "_get_cuda_rng_state", _cpu_rng_state)
         _patch(stack, mcore_random, "_set_cuda_rng_state", _set_cpu_rng_state)
         for name in ("empty", "zeros", "ones", "tensor", "arange", "full"):

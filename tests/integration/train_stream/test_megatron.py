@@ -1,15 +1,19 @@
-"""Megatron-core backend: tensor parallel 2 over gloo equals the same model at TP=1.
+"""Megatron-core backend: every parallel layout trains one batch exactly like TP=1, PP=1.
 
-Three processes run at once: a TP=1 world of one and a TP=2 world of two, each training the same
-seeded GPTModel on the same packed batch through `train_batch_locally`. Needs megatron-core
-(`pip install megatron-core==0.16.1`); skipped loudly without it.
+Each layout is a gloo world of at most two processes that trains the same seeded GPTModel on the
+same packed batch, once with clipped SGD and once with AdamW: tensor parallel 2, pipeline
+parallel 2 (Megatron's 1F1B schedule), and data parallel 2 with Megatron's distributed optimizer
+(micro-steps split over the two ranks, gradients summed, optimizer state sharded). All worlds
+start together; the reference is a world of one. Needs megatron-core (skipped loudly without it).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -18,8 +22,10 @@ import torch.multiprocessing as mp
 
 from gyre_proxy.refengine import free_port
 from gyre_train.backend_torch import OptimizerConfig
+from gyre_train.exceptions import InvalidConfigError
 from gyre_train.local_training import gradient_share, merge_shares, ratio_share
 from gyre_train.loss import LossConfig
+from gyre_train.megatron_compat import megatron_module
 from gyre_train.streaming_run import SyntheticBatchConfig, synthetic_batch
 
 pytestmark = [
@@ -28,7 +34,7 @@ pytestmark = [
         reason="MEGATRON-CORE NOT INSTALLED: the Megatron backend is untested "
         "(pip install megatron-core==0.16.1)",
     ),
-    pytest.mark.timeout(120),
+    pytest.mark.timeout(240),
 ]
 
 DATA = SyntheticBatchConfig(groups=2, executions=4, max_rows=2, vocab_size=128)
@@ -43,75 +49,193 @@ OPTIMIZERS = {
 }
 
 
-def _train_one_batch(rank: int, world: int, port: int, optimizer: OptimizerConfig, output: str) -> None:
-    """One rank: init gloo, one batch (pass 1, pass 2, update), rank 0 saves what it saw."""
+@dataclass(frozen=True)
+class Layout:
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    distributed_optimizer: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+
+REFERENCE = "tp1"
+LAYOUTS = {
+    REFERENCE: Layout(),
+    "tp2": Layout(tensor_parallel=2),
+    "pp2": Layout(pipeline_parallel=2),
+    "dp2-distributed-optimizer": Layout(data_parallel=2, distributed_optimizer=True),
+}
+
+
+def _all(values: list[Any], group: Any) -> list[Any]:
+    """Every data-parallel rank's list, concatenated in rank order."""
+    parts: list[list[Any] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, values, group=group)
+    return [v for part in parts if part is not None for v in part]
+
+
+def _train_one_batch(backend: Any, optimizer_state: bool) -> dict[str, Any]:
+    """One batch on this rank's share of the micro-steps; sums over the data-parallel group."""
+    group = megatron_module("megatron.core.parallel_state").get_data_parallel_group()
+    steps, executions = synthetic_batch(11, 0, DATA)
+    mine = steps[dist.get_rank(group) :: dist.get_world_size(group)]
+    initial = backend.full_named_tensors()
+    logprobs = _all([(s.index, backend.logprobs(s, grad=False)) for s in mine], group)
+    clip = merge_shares(_all([ratio_share(backend, s) for s in mine], group), executions, LOSS)
+    backend.zero_gradients()
+    loss = torch.tensor(sum(gradient_share(backend, s, clip, LOSS) for s in mine), dtype=torch.float64)
+    dist.all_reduce(loss, group=group)
+    gradients = backend.full_named_gradients()
+    for gradient in gradients.values():
+        dist.all_reduce(gradient, group=group)
+    flat = backend.flat_gradients()
+    dist.all_reduce(flat, group=group)  # what cells.py hands the core: the batch gradient
+    norm = backend.apply_update(flat)
+    result = {
+        "initial": initial,
+        "logprobs": [t for _, t in sorted(logprobs, key=lambda pair: pair[0])],
+        "loss": float(loss),
+        "gradients": gradients,
+        "norm": norm,
+        "updated": backend.full_named_tensors(),
+        "steps": len(steps),
+        "mine": len(mine),
+    }
+    if optimizer_state:
+        result["state_numel"] = backend.optimizer_state_numel()
+        result["numel"] = backend.numel
+    return result
+
+
+def _world(rank: int, port: int, layout: Layout, output: str) -> None:
+    """One rank: init gloo, one batch per optimizer; rank 0 saves what it saw."""
     import warnings
 
     warnings.filterwarnings("ignore")  # Megatron warns about Apex and Transformer Engine.
+    torch.set_num_threads(1)
     from gyre_train.backend_megatron import MegatronBackend, MegatronModelSpec
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=layout.world)
     try:
         spec = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=7)
-        with MegatronBackend(spec, optimizer, tensor_parallel_size=world) as backend:
-            steps, executions = synthetic_batch(11, 0, DATA)
-            initial = backend.full_named_tensors()
-            logprobs = [backend.logprobs(s, grad=False) for s in steps]
-            clip = merge_shares((ratio_share(backend, s) for s in steps), executions, LOSS)
-            backend.zero_gradients()
-            loss = sum(gradient_share(backend, s, clip, LOSS) for s in steps)
-            gradients = backend.full_named_gradients()
-            norm = backend.apply_update(backend.flat_gradients())
-            updated = backend.full_named_tensors()
+        results = {}
+        for name, (optimizer, _) in OPTIMIZERS.items():
+            backend = MegatronBackend(
+                spec,
+                optimizer,
+                tensor_parallel_size=layout.tensor_parallel,
+                pipeline_parallel_size=layout.pipeline_parallel,
+                distributed_optimizer=layout.distributed_optimizer,
+            )
+            try:
+                with backend:
+                    results[name] = _train_one_batch(backend, layout.distributed_optimizer)
+            except InvalidConfigError as exc:  # Megatron's distributed optimizer is Adam only
+                results[name] = {"refused": str(exc)}
+        gathered: list[Any] = [None] * layout.world
+        dist.all_gather_object(gathered, results)
         if rank == 0:
-            torch.save(
-                {"initial": initial, "logprobs": logprobs, "loss": loss, "gradients": gradients,
-                 "norm": norm, "updated": updated, "steps": len(steps)},
-                output,
-            )  # fmt: skip
+            torch.save(gathered, output)
     finally:
         dist.destroy_process_group()
 
 
-def _launch(world: int, optimizer: OptimizerConfig, output: Path) -> mp.ProcessContext:
-    context = mp.start_processes(
-        _train_one_batch,
-        args=(world, free_port(), optimizer, str(output)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    assert context is not None
-    return context
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[dict[str, Any]]]]:
+    """Every layout's per-rank results, the worlds run side by side."""
+    root = tmp_path_factory.mktemp("megatron-layouts")
+    contexts = {}
+    for name, layout in LAYOUTS.items():
+        context = mp.start_processes(
+            _world,
+            args=(free_port(), layout, str(root / f"{name}.pt")),
+            nprocs=layout.world,
+            join=False,
+            start_method="spawn",
+        )
+        assert context is not None
+        contexts[name] = context
+    try:
+        for context in contexts.values():
+            while not context.join(timeout=200):
+                pass
+        yield {name: torch.load(root / f"{name}.pt") for name in LAYOUTS}
+    finally:
+        for context in contexts.values():
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
 
 
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
-def test_tensor_parallel_2_matches_tensor_parallel_1(tmp_path: Path, optimizer_name: str) -> None:
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != REFERENCE])
+def test_layout_matches_tp1_pp1(
+    trained: dict[str, list[dict[str, Any]]], layout: str, optimizer_name: str
+) -> None:
     optimizer, update_atol = OPTIMIZERS[optimizer_name]
-    tp1 = _launch(1, optimizer, tmp_path / "tp1.pt")
-    tp2 = _launch(2, optimizer, tmp_path / "tp2.pt")
-    for context in (tp1, tp2):
-        while not context.join(timeout=100):
-            pass
-    one = torch.load(tmp_path / "tp1.pt")
-    two = torch.load(tmp_path / "tp2.pt")
+    one = trained[REFERENCE][0][optimizer_name]
+    if LAYOUTS[layout].distributed_optimizer and optimizer.kind == "sgd":
+        assert all("only runs AdamW" in r[optimizer_name]["refused"] for r in trained[layout])
+        return
+    for rank, ranked in enumerate(trained[layout]):
+        two = ranked[optimizer_name]
+        assert one["steps"] >= 2  # gradients accumulate over several micro-steps
+        assert two["initial"].keys() == one["initial"].keys()
+        assert list(two["initial"]) == list(one["initial"])  # TP=1, PP=1 names and order
+        for name, tensor in one["initial"].items():
+            torch.testing.assert_close(two["initial"][name], tensor, rtol=0, atol=0)
 
-    assert one["steps"] >= 2  # gradients accumulate over several micro-steps
-    for name, tensor in one["initial"].items():
-        torch.testing.assert_close(two["initial"][name], tensor, rtol=0, atol=0)
+        assert len(two["logprobs"]) == len(one["logprobs"]) == one["steps"]
+        for a, b in zip(one["logprobs"], two["logprobs"], strict=True):
+            assert bool((a != 0).any())
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7), rank
+        assert two["norm"] == pytest.approx(one["norm"], rel=1e-5), rank
 
-    for a, b in zip(one["logprobs"], two["logprobs"], strict=True):
-        assert bool((a != 0).any())
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
-    assert two["norm"] == pytest.approx(one["norm"], rel=1e-5)
+        assert one["gradients"].keys() == two["gradients"].keys()
+        for name, gradient in one["gradients"].items():
+            torch.testing.assert_close(two["gradients"][name], gradient, rtol=1e-4, atol=1e-6)
+        moved = max(float((one["updated"][n] - one["initial"][n]).abs().max()) for n in one["updated"])
+        assert moved > 1e-3  # the update is not trivially zero
+        for name, tensor in one["updated"].items():
+            torch.testing.assert_close(two["updated"][name], tensor, rtol=1e-5, atol=update_atol)
 
-    assert one["gradients"].keys() == two["gradients"].keys()
-    for name, gradient in one["gradients"].items():
-        torch.testing.assert_close(two["gradients"][name], gradient, rtol=1e-4, atol=1e-6)
-    moved = max(float((one["updated"][n] - one["initial"][n]).abs().max()) for n in one["updated"])
-    assert moved > 1e-3  # the update is not trivially zero
-    for name, tensor in one["updated"].items():
-        torch.testing.assert_close(two["updated"][name], tensor, rtol=1e-5, atol=update_atol)
+
+def test_distributed_optimizer_shards_its_state(trained: dict[str, list[dict[str, Any]]]) -> None:
+    ranks = [r["adamw"] for r in trained["dp2-distributed-optimizer"]]
+    assert [r["mine"] for r in ranks] == [ranks[0]["steps"] - ranks[0]["steps"] // 2, ranks[0]["steps"] // 2]
+    numel = ranks[0]["numel"]
+    # AdamW keeps two moments per value; each of the two ranks holds about half of them.
+    assert sum(r["state_numel"] for r in ranks) == 2 * numel
+    for r in ranks:
+        assert r["numel"] == numel  # every data-parallel rank holds the whole model
+        assert r["state_numel"] == pytest.approx(numel, rel=0.05)
+
+
+def test_cpu_megatron_redirects_cuda_only_inside_the_block() -> None:
+    import warnings
+
+    from gyre_train.megatron_compat import cpu_megatron
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Megatron warns about Apex and Transformer Engine.
+        mcore_random = megatron_module("megatron.core.tensor_parallel.random")
+    originals = (torch.cuda.current_device, torch.zeros, torch.Tensor.type, torch.Tensor.cuda,
+                 mcore_random._set_cuda_rng_state)  # fmt: skip
+    with pytest.raises(RuntimeError, match="boom"), cpu_megatron(force=True) as patched:
+        assert patched
+        assert torch.cuda.current_device() == "cpu"
+        assert torch.zeros(2, device="cuda").device.type == "cpu"
+        assert torch.ones(2).cuda().device.type == "cpu"
+        assert torch.ones(2).type() == "torch.cuda.FloatTensor"
+        assert torch.ones(2).type(torch.float64).dtype == torch.float64  # conversions untouched
+        raise RuntimeError("boom")  # the patches come off on the way out of an error too
+    after = (torch.cuda.current_device, torch.zeros, torch.Tensor.type, torch.Tensor.cuda,
+             mcore_random._set_cuda_rng_state)  # fmt: skip
+    assert all(a is b for a, b in zip(after, originals, strict=True))
+    assert torch.ones(2).type() == "torch.FloatTensor"
