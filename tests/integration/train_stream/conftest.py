@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 
 import pytest
 import redis
+
+from gyre_train.board import RedisBatchBoard
 
 
 @pytest.fixture
@@ -24,3 +27,11 @@ def prefix(redis_client: redis.Redis) -> Iterator[str]:
     keys = list(redis_client.scan_iter(match=f"{name}:*", count=1000))
     if keys:
         redis_client.delete(*keys)
+
+
+def wait_for_members(board: RedisBatchBoard, batch: int, cells: Set[int], timeout_s: float = 120) -> None:
+    """Block until `cells` joined `batch` (so a test's batch starts with its satellites in)."""
+    deadline = time.monotonic() + timeout_s
+    while not cells <= board.members(batch):
+        assert time.monotonic() < deadline, f"cells {sorted(cells - board.members(batch))} never joined"
+        time.sleep(0.01)

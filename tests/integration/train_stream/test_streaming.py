@@ -37,6 +37,7 @@ from gyre_train.streaming_run import (
     synthetic_batch,
 )
 from gyre_train.wire import ExecutionTotals
+from tests.integration.train_stream.conftest import wait_for_members
 
 SPEC = ModelSpec(TINY_QWEN3, seed=3)
 OPTIMIZER = OptimizerConfig(lr=1e-2)
@@ -182,7 +183,7 @@ def test_a_satellite_killed_after_draining_leaves_the_update_equal(
     database_url: str,
 ) -> None:  # fmt: skip
     victim = cells - 1
-    batch = synthetic_batch(6, 0, dataclasses.replace(DATA, groups=3))
+    batch = synthetic_batch(6, 0, dataclasses.replace(DATA, groups=4))
     steps, executions = batch
     # Its heartbeat outlives it by 3 s: the core plans with it and the reduction fails; with
     # three cells the live satellite 1 must then reduce again under the newer plan.
@@ -200,6 +201,7 @@ def test_a_satellite_killed_after_draining_leaves_the_update_equal(
         board = RedisBatchBoard(redis_client, queue_config)
         joins = {s: (0, 0) for s in range(1, cells)}
         with CellCluster(configs, [BurstPlan(batches=(0,), joins=joins)]) as cluster:
+            wait_for_members(board, 0, set(joins))  # every satellite is in before the first claim
             enqueue_batch(queue, steps, executions)
             deadline = time.monotonic() + 60
             while victim not in board.drained(0):
