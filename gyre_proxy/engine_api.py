@@ -112,6 +112,9 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     # gyre's reference engine also reports these; SGLang leaves them out.
     context_length: int | None = None
     vocab_size: int | None = None
+    # The ``load_format`` values ``/update_weights_from_tensor`` accepts. Absent on SGLang,
+    # which takes its own pickled payload (``load_format`` unset) from a same-host sender.
+    tensor_load_formats: list[str] | None = None
 
 
 class WeightVersionResponse(msgspec.Struct, frozen=True):
@@ -148,7 +151,11 @@ class UpdateWeightsFromTensorRequest(msgspec.Struct, frozen=True, kw_only=True, 
 
 
 class InitWeightsUpdateGroupRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """Body of ``POST /init_weights_update_group``; the trainer is rank 0 of the group."""
+    """Body of ``POST /init_weights_update_group``; the trainer is rank 0 of the group.
+
+    An engine's TP rank ``r`` joins as ``rank_offset + r``. The call blocks the engine (SGLang:
+    its whole scheduler) until every rank has joined, so rank 0 must already be listening.
+    """
 
     master_address: str
     master_port: int
@@ -159,7 +166,11 @@ class InitWeightsUpdateGroupRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class UpdateWeightsFromDistributedRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Body of ``POST /update_weights_from_distributed``: tensors arrive by broadcast from rank 0."""
+    """Body of ``POST /update_weights_from_distributed``: tensors arrive by broadcast from rank 0.
+
+    Like ``/update_weights_from_tensor`` it must run inside a ``/begin_weight_update`` session
+    (SGLang 0.5.23 refuses it otherwise, before receiving anything).
+    """
 
     names: list[str]
     dtypes: list[str]
@@ -168,6 +179,13 @@ class UpdateWeightsFromDistributedRequest(msgspec.Struct, frozen=True, kw_only=T
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    load_format: str | None = None
+
+
+class DestroyWeightsUpdateGroupRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Body of ``POST /destroy_weights_update_group``."""
+
+    group_name: str = "weight_update_group"
 
 
 class WeightUpdateResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,6 +7,7 @@ only place where ``httpx`` errors and HTTP statuses exist; everything else sees 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -259,38 +260,70 @@ class EngineClient:
         answer = await self._weight_call("/update_weights_from_disk", body)
         return WeightUpdate(answer.message, weight_version)
 
-    async def begin_weight_update(self) -> None:
-        await self._weight_call_or_plain("/begin_weight_update")
+    async def tensor_load_formats(self) -> tuple[str, ...] | None:
+        """The ``load_format`` values the engine's ``/update_weights_from_tensor`` accepts.
 
-    async def end_weight_update(self) -> None:
-        await self._weight_call_or_plain("/end_weight_update")
-
-    async def _weight_call_or_plain(self, path: str) -> None:
-        response = await self._request("POST", path, engine_api.EmptyRequest())
+        gyre's reference engine lists them in ``/model_info``; ``None`` means a real SGLang
+        server, which takes its own pickled payload (``engine_weights.sglang_tensor_payload``).
+        """
+        response = await self._request("GET", "/model_info")
         if response.status_code != 200:
             raise error_for(response.status_code, error_message(response))
+        wire = _decode(response.content, engine_api.ModelInfo, "/model_info")
+        return tuple(wire.tensor_load_formats) if wire.tensor_load_formats is not None else None
+
+    async def begin_weight_update(self) -> None:
+        """Open the engine's weight-update session; ``WeightUpdateFailed`` if one is open."""
+        await self._weight_call("/begin_weight_update", engine_api.EmptyRequest())
+
+    async def end_weight_update(self) -> None:
+        """Close the session; ``WeightUpdateFailed`` if none is open."""
+        await self._weight_call("/end_weight_update", engine_api.EmptyRequest())
+
+    async def _in_session(self, path: str, body: msgspec.Struct) -> engine_api.WeightUpdateResponse:
+        # SGLang 0.5.23 takes tensor and distributed updates only inside a session. A failed
+        # update still closes it, and the update's error is the one that surfaces.
+        await self.begin_weight_update()
+        try:
+            answer = await self._weight_call(path, body)
+        except BaseException:
+            with contextlib.suppress(EngineError):
+                await self.end_weight_update()
+            raise
+        await self.end_weight_update()
+        return answer
 
     async def update_weights_from_tensor(
         self, serialized: Sequence[str], *, weight_version: str, load_format: str | None = None
     ) -> WeightUpdate:
-        """Send tensors serialized by ``engine_weights`` inside a begin/end weight-update session."""
+        """Send tensors serialized by ``engine_weights`` (one payload per TP rank) in a session.
+
+        ``load_format`` is ``None`` for SGLang's own payload and ``"gyre_safetensors"`` for the
+        reference engine. Raises ``WeightUpdateFailed`` when the engine refuses the update.
+        """
         body = engine_api.UpdateWeightsFromTensorRequest(
             serialized_named_tensors=list(serialized), load_format=load_format, weight_version=weight_version
         )
-        await self.begin_weight_update()
-        try:
-            answer = await self._weight_call("/update_weights_from_tensor", body)
-        finally:
-            await self.end_weight_update()
+        answer = await self._in_session("/update_weights_from_tensor", body)
         return WeightUpdate(answer.message, weight_version)
 
     async def init_weights_update_group(self, body: engine_api.InitWeightsUpdateGroupRequest) -> None:
+        """Make the engine join the group; blocks until every rank has joined (start rank 0 first)."""
         await self._weight_call("/init_weights_update_group", body)
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        """Leave and drop ``group_name``; ``WeightUpdateFailed`` if the engine has no such group."""
+        body = engine_api.DestroyWeightsUpdateGroupRequest(group_name=group_name)
+        await self._weight_call("/destroy_weights_update_group", body)
 
     async def update_weights_from_distributed(
         self, body: engine_api.UpdateWeightsFromDistributedRequest
     ) -> WeightUpdate:
-        answer = await self._weight_call("/update_weights_from_distributed", body)
+        """Receive ``body``'s tensors by broadcast from rank 0, in a session.
+
+        Rank 0 must broadcast them concurrently, in ``body.names`` order (``WeightUpdateGroup``).
+        """
+        answer = await self._in_session("/update_weights_from_distributed", body)
         return WeightUpdate(answer.message, body.weight_version)
 
     async def update_weight_version(self, new_version: str) -> None:

@@ -1,28 +1,31 @@
 """Moving weights to an engine: tensor payloads and the broadcast group.
 
 Two payload formats for ``/update_weights_from_tensor``:
-- ``serialize_for_sglang``: SGLang's own (a base64 ``ForkingPickler`` dump of
-  ``[(name, tensor)]``); the tensors travel as shared-memory handles, so the engine must be
-  on the same host and the sender must call
-  ``torch.multiprocessing.set_sharing_strategy("file_system")``.
+- SGLang's own (``sglang_tensor_payload``, no ``load_format``): a base64 ``ForkingPickler``
+  dump of ``[(name, tensor)]`` whose tensors travel as shared-memory files, so the engine must
+  be on the same host and the dump must use the ``file_system`` sharing strategy.
 - ``serialize_safetensors`` (``load_format="gyre_safetensors"``): base64 safetensors bytes,
   the only format gyre's reference engine accepts, because it never unpickles request bodies.
 
 ``WeightUpdateGroup`` is one end of the gloo group behind ``/init_weights_update_group`` and
-``/update_weights_from_distributed``: the trainer is rank 0 and broadcasts each tensor.
+``/update_weights_from_distributed``: the trainer is rank 0 and broadcasts each tensor. Its
+store layout was checked against a real SGLang 0.5.23 server.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, cast
 
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
+
+from gyre_proxy import engine_api
 
 GYRE_SAFETENSORS_FORMAT = "gyre_safetensors"
 
@@ -47,7 +50,11 @@ def deserialize_safetensors(payload: str) -> dict[str, torch.Tensor]:
 
 
 def serialize_for_sglang(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
-    """SGLang's ``MultiprocessingSerializer`` format for a same-host SGLang server."""
+    """SGLang's ``MultiprocessingSerializer`` format, pickled under the current sharing strategy.
+
+    Low level: the tensors' storages move into shared memory in place. Use
+    ``sglang_tensor_payload`` to send to a server.
+    """
     from multiprocessing.reduction import ForkingPickler
 
     buffer = io.BytesIO()
@@ -55,9 +62,50 @@ def serialize_for_sglang(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> s
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+@contextlib.contextmanager
+def sglang_tensor_payload(tensors: Mapping[str, torch.Tensor]) -> Iterator[str]:
+    """One TP rank's payload for a same-host SGLang ``/update_weights_from_tensor``, in scope.
+
+    The tensors are copied (the caller's storages stay private) into shared-memory files
+    named in the pickle. The ``file_system`` strategy is set only for the dump: under the
+    default ``file_descriptor`` one the pickle holds descriptors another process cannot open.
+    Leave the block only after the engine answered: SGLang opens the files while it handles
+    the request, and leaving drops the copies, which unlinks each file once the engine has
+    released it too. A payload the engine never opened stays in ``/dev/shm`` (the pickle holds
+    a reference for its reader) until the process's ``torch_shm_manager`` exits.
+    """
+    import torch.multiprocessing as torch_mp
+
+    copies = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in tensors.items()]
+    # torch.multiprocessing's strategy functions carry no annotations.
+    previous = torch_mp.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    torch_mp.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
+    try:
+        payload = serialize_for_sglang(copies)
+    finally:
+        torch_mp.set_sharing_strategy(previous)  # type: ignore[no-untyped-call]
+    try:
+        yield payload
+    finally:
+        copies.clear()
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``, the spelling ``/update_weights_from_distributed`` uses."""
     return str(dtype).removeprefix("torch.")
+
+
+def distributed_request(
+    tensors: Mapping[str, torch.Tensor], *, group_name: str, weight_version: str
+) -> engine_api.UpdateWeightsFromDistributedRequest:
+    """The ``/update_weights_from_distributed`` body announcing ``tensors`` in their order."""
+    return engine_api.UpdateWeightsFromDistributedRequest(
+        names=list(tensors),
+        dtypes=[dtype_name(tensor.dtype) for tensor in tensors.values()],
+        shapes=[list(tensor.shape) for tensor in tensors.values()],
+        group_name=group_name,
+        weight_version=weight_version,
+    )
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -104,6 +152,15 @@ class WeightUpdateGroup:
         # The stubs declare broadcast on ProcessGroup only; the gloo backend has it too.
         cast(Any, self._group).broadcast(tensor, 0).wait()
         return tensor
+
+    def send_all(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Rank 0: broadcast every tensor in order, as contiguous CPU copies.
+
+        The engines receive in the order of the ``names`` of the matching
+        ``/update_weights_from_distributed`` request (``distributed_request``).
+        """
+        for tensor in tensors.values():
+            self.broadcast(tensor.detach().to("cpu").contiguous())
 
     def close(self) -> None:
         self._group.shutdown()

@@ -176,16 +176,25 @@ class ReferenceEngine:
         return await self._exclusive(job, abort_all=request.abort_all_requests)
 
     def begin_weight_update(self) -> None:
+        """Open the weight-update session; raises ``ModelLoadError`` if one is open (as SGLang)."""
+        if self._session_open:
+            raise ModelLoadError("a weight-update session is already open; call end_weight_update() first")
         self._session_open = True
 
     def end_weight_update(self) -> None:
+        if not self._session_open:
+            raise ModelLoadError("no weight-update session is open; call begin_weight_update() first")
         self._session_open = False
 
-    async def update_weights_from_tensor(self, request: engine_api.UpdateWeightsFromTensorRequest) -> int:
+    def _require_session(self, operation: str) -> None:
         if not self._session_open:
             raise ModelLoadError(
-                "update_weights_from_tensor needs an open session: call /begin_weight_update"
+                f"{operation} must run between begin_weight_update() and end_weight_update() "
+                "(a weight-update session)"
             )
+
+    async def update_weights_from_tensor(self, request: engine_api.UpdateWeightsFromTensorRequest) -> int:
+        self._require_session("update_weights_from_tensor")
         if request.load_format != GYRE_SAFETENSORS_FORMAT:
             raise ModelLoadError(
                 f"the reference engine takes load_format={GYRE_SAFETENSORS_FORMAT!r} only "
@@ -223,9 +232,19 @@ class ReferenceEngine:
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f"cannot join {request.group_name!r}: {exc}") from exc
 
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        group = self._groups.pop(group_name, None)
+        if group is None:
+            raise ModelLoadError("The group to be destroyed does not exist.")
+        group.close()
+
     async def update_weights_from_distributed(
         self, request: engine_api.UpdateWeightsFromDistributedRequest
     ) -> int:
+        # SGLang checks the session before it receives anything; so does this.
+        self._require_session("update_weights_from_distributed")
+        if request.load_format is not None:
+            raise ModelLoadError(f"the reference engine receives plain tensors, not {request.load_format!r}")
         group = self._groups.get(request.group_name)
         if group is None:
             raise ModelLoadError(f"no group {request.group_name!r}: call /init_weights_update_group first")

@@ -22,6 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gyre_proxy import engine_api
+from gyre_proxy.engine_weights import GYRE_SAFETENSORS_FORMAT
 from gyre_proxy.exceptions import ModelLoadError
 from gyre_proxy.refengine.decode_loop import StepEvent
 from gyre_proxy.refengine.engine import ReferenceEngine, RequestRejected
@@ -141,6 +142,7 @@ def build_app(engine: ReferenceEngine) -> Starlette:
             weight_version=engine.weight_version,
             context_length=engine.context_length,
             vocab_size=engine.loaded.vocab_size,
+            tensor_load_formats=[GYRE_SAFETENSORS_FORMAT],
         )
 
     async def model_info(request: Request) -> Response:
@@ -187,17 +189,28 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         return weight_answer(f"Succeeded to update model weights ({count} tensors).", body.weight_version)
 
     async def begin_update(request: Request) -> Response:
+        await _body(request, engine_api.EmptyRequest)
         engine.begin_weight_update()
-        return _json(engine_api.WeightUpdateResponse(success=True, message="Weight update session opened."))
+        return _json(engine_api.WeightUpdateResponse(success=True, message="Success"))
 
     async def end_update(request: Request) -> Response:
+        await _body(request, engine_api.EmptyRequest)
         engine.end_weight_update()
-        return _json(engine_api.WeightUpdateResponse(success=True, message="Weight update session closed."))
+        return _json(engine_api.WeightUpdateResponse(success=True, message="Success"))
 
     async def init_group(request: Request) -> Response:
         body = await _body(request, engine_api.InitWeightsUpdateGroupRequest)
         await engine.init_weights_update_group(body)
         return _json(engine_api.WeightUpdateResponse(success=True, message="Succeeded to initialize group."))
+
+    async def destroy_group(request: Request) -> Response:
+        body = await _body(request, engine_api.DestroyWeightsUpdateGroupRequest)
+        engine.destroy_weights_update_group(body.group_name)
+        return _json(
+            engine_api.WeightUpdateResponse(
+                success=True, message="Succeeded to destroy custom process group."
+            )
+        )
 
     async def update_from_distributed(request: Request) -> Response:
         body = await _body(request, engine_api.UpdateWeightsFromDistributedRequest)
@@ -258,9 +271,10 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
         Route("/update_weights_from_disk", rejected(weights(update_from_disk)), methods=["POST"]),
         Route("/update_weights_from_tensor", rejected(weights(update_from_tensor)), methods=["POST"]),
-        Route("/begin_weight_update", begin_update, methods=["POST"]),
-        Route("/end_weight_update", end_update, methods=["POST"]),
+        Route("/begin_weight_update", rejected(weights(begin_update)), methods=["POST"]),
+        Route("/end_weight_update", rejected(weights(end_update)), methods=["POST"]),
         Route("/init_weights_update_group", rejected(weights(init_group)), methods=["POST"]),
+        Route("/destroy_weights_update_group", rejected(weights(destroy_group)), methods=["POST"]),
         Route(
             "/update_weights_from_distributed", rejected(weights(update_from_distributed)), methods=["POST"]
         ),

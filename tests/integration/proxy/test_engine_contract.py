@@ -8,8 +8,10 @@ weights, so a wrong position, distribution or dtype shows up as a mismatch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,8 +27,17 @@ from gyre_proxy import (
     FinishKind,
     GenerateResult,
     SamplingConfig,
+    WeightUpdateFailed,
 )
-from gyre_proxy.refengine import save_model_dir
+from gyre_proxy.engine_api import InitWeightsUpdateGroupRequest, UpdateWeightsFromTensorRequest
+from gyre_proxy.engine_weights import (
+    WeightUpdateGroup,
+    distributed_request,
+    serialize_for_sglang,
+    serialize_safetensors,
+    sglang_tensor_payload,
+)
+from gyre_proxy.refengine import free_port, save_model_dir
 
 if TYPE_CHECKING:
     from tests.integration.proxy.conftest import EngineTarget
@@ -54,6 +65,8 @@ def assert_matches_model(
     output = result.output_ids.tolist()
     assert len(output) == len(result.logprobs) > 0
     expected = forward_logprobs(model if model is not None else target.model, prompt, output)
+    # Shown with -rP: docs/engines.md quotes the worst difference seen on real SGLang.
+    print(f"{target.name}: max |logprob - forward pass| = {np.abs(result.logprobs - expected).max():.2e}")
     np.testing.assert_allclose(result.logprobs, expected, atol=target.logprob_atol, rtol=0)
 
 
@@ -202,3 +215,115 @@ async def test_update_weights_from_disk_changes_logprobs_and_version(
     assert not np.allclose(after.logprobs, before.logprobs, atol=1e-3)
     assert_matches_model(target, prompt, after, updated)
     np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=target.logprob_atol)
+
+
+Publish = Callable[[EngineClient, dict[str, torch.Tensor], str], Awaitable[None]]
+
+
+async def check_publication(target: EngineTarget, publish: Publish, *, seed: int, version: str) -> None:
+    """`publish` installs perturbed weights (served, versioned), then the originals again."""
+    prompt = prompt_of(seed)
+    sampling = SamplingConfig(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    original = {name: tensor.clone() for name, tensor in target.model.state_dict().items()}
+    updated = perturbed_copy(target.model, seed=seed)
+    async with client(target) as engine:
+        before = await engine.generate(prompt, sampling)
+        version_before = (await engine.model_info()).weight_version or "default"
+        try:
+            await publish(engine, dict(updated.state_dict()), version)
+            after = await engine.generate(prompt, sampling)
+            info = await engine.model_info()
+        finally:
+            await publish(engine, original, version_before)
+        restored = await engine.generate(prompt, sampling)
+        restored_info = await engine.model_info()
+    assert after.weight_version == version == info.weight_version
+    assert restored.weight_version == version_before == restored_info.weight_version
+    assert not np.allclose(after.logprobs, before.logprobs, atol=1e-3)
+    assert_matches_model(target, prompt, after, updated)
+    assert_matches_model(target, prompt, restored)
+    np.testing.assert_allclose(restored.logprobs, before.logprobs, atol=target.logprob_atol)
+
+
+@contextlib.contextmanager
+def tensor_payload(target: EngineTarget, tensors: dict[str, torch.Tensor]) -> Iterator[str]:
+    if target.tensor_load_format is None:  # SGLang: shared-memory pickle, same host
+        with sglang_tensor_payload(tensors) as payload:
+            yield payload
+    else:
+        yield serialize_safetensors(tensors)
+
+
+async def test_update_weights_from_tensor_changes_logprobs_and_version(target: EngineTarget) -> None:
+    async with client(target) as engine:
+        formats = await engine.tensor_load_formats()
+    expected = None if target.tensor_load_format is None else (target.tensor_load_format,)
+    assert formats == expected
+
+    async def publish(engine: EngineClient, tensors: dict[str, torch.Tensor], version: str) -> None:
+        with tensor_payload(target, tensors) as payload:
+            await engine.update_weights_from_tensor(
+                [payload], weight_version=version, load_format=target.tensor_load_format
+            )
+
+    await check_publication(target, publish, seed=21, version="contract-tensor")
+
+
+async def test_tensor_update_outside_a_session_is_refused(target: EngineTarget) -> None:
+    # Both engines refuse before reading the payload, so SGLang's is an empty list: a pickle
+    # of tensors it never opens would leave their shared-memory files behind.
+    norm = {"model.norm.weight": target.model.state_dict()["model.norm.weight"].clone()}
+    payload = serialize_safetensors(norm) if target.tensor_load_format else serialize_for_sglang([])
+    body = UpdateWeightsFromTensorRequest(
+        serialized_named_tensors=[payload], load_format=target.tensor_load_format
+    )
+    async with client(target) as engine:
+        with pytest.raises(WeightUpdateFailed, match="begin_weight_update"):
+            await engine._weight_call("/update_weights_from_tensor", body)
+        with pytest.raises(WeightUpdateFailed, match="no weight-update session"):
+            await engine.end_weight_update()
+        await engine.begin_weight_update()
+        try:
+            with pytest.raises(WeightUpdateFailed, match="already open"):
+                await engine.begin_weight_update()
+        finally:
+            await engine.end_weight_update()
+
+
+async def test_update_weights_from_distributed_changes_logprobs_and_version(target: EngineTarget) -> None:
+    group_name = f"contract-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    init = InitWeightsUpdateGroupRequest(
+        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, group_name=group_name
+    )
+    async with client(target) as engine:
+        # Rank 0 (the trainer) listens in a thread while the engine joins.
+        trainer, _ = await asyncio.gather(
+            asyncio.to_thread(
+                WeightUpdateGroup,
+                master_address="127.0.0.1",
+                master_port=port,
+                rank=0,
+                world_size=2,
+                group_name=group_name,
+                timeout_s=30,
+            ),
+            engine.init_weights_update_group(init),
+        )
+        try:
+            with trainer:
+
+                async def publish(
+                    engine: EngineClient, tensors: dict[str, torch.Tensor], version: str
+                ) -> None:
+                    body = distributed_request(tensors, group_name=group_name, weight_version=version)
+                    await asyncio.gather(
+                        asyncio.to_thread(trainer.send_all, tensors),
+                        engine.update_weights_from_distributed(body),
+                    )
+
+                await check_publication(target, publish, seed=22, version="contract-distributed")
+        finally:
+            await engine.destroy_weights_update_group(group_name)
+        with pytest.raises(WeightUpdateFailed, match="does not exist"):
+            await engine.destroy_weights_update_group(group_name)
