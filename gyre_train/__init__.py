@@ -104,7 +104,13 @@ from gyre_train.packing import (
     select_oldest,
 )
 from gyre_train.producer import ProducerConfig, stream_batch
-from gyre_train.publish import EnginePublisher, EnginePublisherConfig, WeightPublisher
+from gyre_train.publish import (
+    EnginePublisher,
+    EnginePublisherConfig,
+    PublicationMethod,
+    PublishableModel,
+    WeightPublisher,
+)
 from gyre_train.replica import CellModel, MegatronCells, RankLayout, Replica
 from gyre_train.rows import ExecutionRows, TokenRow, materialize_rows
 from gyre_train.streaming_errors import (
@@ -214,6 +220,8 @@ __all__ = [
     "ProducerConfig",
     "ProducerTimeoutError",
     "PublicationError",
+    "PublicationMethod",
+    "PublishableModel",
     "QueueConfig",
     "RankLayout",
     "RatioShare",

@@ -39,13 +39,12 @@ from gyre_store.training_events import (
 from gyre_train.backend_torch import OptimizerConfig, TrainingBackend
 from gyre_train.board import RedisBatchBoard
 from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue, Task
-from gyre_train.exceptions import InvalidConfigError
 from gyre_train.local_training import merge_shares
 from gyre_train.loss import ExecutionClip, LossConfig
 from gyre_train.membership import CORE, ReducePlan, TakeOver, Wait, plan_reduction
 from gyre_train.packing import MicroStep
-from gyre_train.publish import EnginePublisher, EnginePublisherConfig
-from gyre_train.replica import CellModel, MegatronCells, RankLayout, Replica, layout_of, open_backend
+from gyre_train.publish import EnginePublisher, EnginePublisherConfig, WeightPublisher
+from gyre_train.replica import CellModel, RankLayout, Replica, layout_of, open_backend
 from gyre_train.streaming_errors import CellFailedError
 from gyre_train.weights import WeightTransport, make_transport
 
@@ -89,11 +88,6 @@ class CellConfig:
 
     def __post_init__(self) -> None:
         layout_of(self.model, self.cells, self.cell, self.position)  # raises on a bad place
-        if isinstance(self.model, MegatronCells) and self.engines is not None:
-            raise InvalidConfigError(
-                "publishing Megatron cells to engines needs a Megatron-to-Hugging Face weight "
-                "converter, which gyre does not have yet; leave `engines` unset"
-            )
 
     @property
     def layout(self) -> RankLayout:
@@ -273,9 +267,8 @@ def _reduce_on_core(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, fl
             time.sleep(cell.config.queue.poll_s)
 
 
-def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
+def _run_core(cell: Cell, bursts: tuple[BurstPlan, ...], publisher: WeightPublisher | None) -> None:
     c = cell.config
-    publisher = EnginePublisher(c.engines) if c.engines is not None else None
     cell.replica.expose(cell.version)
     in_training = False
     for burst in bursts:
@@ -474,6 +467,7 @@ def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
         stack.callback(cell.transport.close)
         stack.callback(cell.replica.stop)  # followers leave `follow()` however the leader ends
         if config.cell == CORE:
-            _run_core(cell, bursts)
+            publisher = stack.enter_context(EnginePublisher(config.engines)) if config.engines else None
+            _run_core(cell, bursts, publisher)
         else:
             _run_satellite(cell, bursts)

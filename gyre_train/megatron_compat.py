@@ -66,7 +66,14 @@ def _redirect_device(factory: Callable[..., torch.Tensor]) -> Callable[..., torc
 
 
 class _NullStream:
-    """Stands in for a CUDA stream: every operation on the CPU is already ordered."""
+    """Stands in for a CUDA stream: every operation on the CPU is already ordered.
+
+    A class (not a factory) because it replaces `torch.cuda.Stream`, which libraries imported
+    inside the block use in annotations such as `torch.cuda.Stream | None`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
     def wait_stream(self, stream: object) -> None:
         return None
@@ -118,7 +125,7 @@ def cpu_megatron(force: bool = False) -> Iterator[bool]:
         _patch(stack, torch.cuda, "synchronize", lambda *a, **k: None)
         _patch(stack, torch.cuda, "current_stream", _null_stream)
         _patch(stack, torch.cuda, "default_stream", _null_stream)
-        _patch(stack, torch.cuda, "Stream", _null_stream)
+        _patch(stack, torch.cuda, "Stream", _NullStream)
         _patch(stack, torch.cuda, "stream", _null_stream)
         _patch(stack, torch.Tensor, "cuda", _tensor_cuda)
         _patch(stack, torch.Tensor, "type", _tensor_type)

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 import torch
 
-from gyre_train.backend_torch import TrainingBackend
 from gyre_train.streaming_errors import PublicationError
 
 if TYPE_CHECKING:
@@ -34,10 +33,17 @@ if TYPE_CHECKING:
 _Send = Callable[["EngineClient"], Awaitable[object]]
 
 
-class WeightPublisher(Protocol):
-    """Sends the weights of `backend` at `policy_version` to every rollout engine."""
+class PublishableModel(Protocol):
+    """Weights in the engines' layout: a `TrainingBackend`, or an export of one (Megatron)."""
 
-    def publish(self, backend: TrainingBackend, policy_version: int) -> None: ...
+    def save(self, path: Path) -> Path: ...
+    def named_tensors(self) -> dict[str, torch.Tensor]: ...
+
+
+class WeightPublisher(Protocol):
+    """Sends the weights of `model` at `policy_version` to every rollout engine."""
+
+    def publish(self, model: PublishableModel, policy_version: int) -> None: ...
 
 
 class PublicationMethod(StrEnum):
@@ -108,25 +114,25 @@ class EnginePublisher:
     ) -> None:
         self.close()
 
-    def publish(self, backend: TrainingBackend, policy_version: int) -> None:
-        """Install `backend`'s weights as version `policy_version` on every engine.
+    def publish(self, model: PublishableModel, policy_version: int) -> None:
+        """Install `model`'s weights as version `policy_version` on every engine.
 
         Raises `PublicationError` naming the engine that refused or could not be reached.
         """
         version = str(policy_version)
         if self._method is PublicationMethod.DISK:
             assert self._config.workdir is not None  # checked in __init__
-            path = backend.save(self._config.workdir / f"policy-v{policy_version}")
+            path = model.save(self._config.workdir / f"policy-v{policy_version}")
             asyncio.run(
                 self._each_engine(
                     lambda client: client.update_weights_from_disk(str(path), weight_version=version)
                 )
             )
         elif self._method is PublicationMethod.TENSOR:
-            tensors = backend.named_tensors()
+            tensors = model.named_tensors()
             asyncio.run(self._each_engine(lambda client: self._send_tensors(client, tensors, version)))
         else:
-            self._broadcast(backend.named_tensors(), version)
+            self._broadcast(model.named_tensors(), version)
 
     def close(self) -> None:
         """Leave the broadcast group, if one is open (best effort on the engines' side)."""

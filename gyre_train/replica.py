@@ -29,6 +29,7 @@ from gyre_train.exceptions import InvalidConfigError
 from gyre_train.local_training import gradient_share, ratio_share
 from gyre_train.loss import ExecutionClip, LossConfig
 from gyre_train.megatron_compat import megatron_module
+from gyre_train.megatron_export import to_gpt2
 from gyre_train.membership import CORE, ReducePlan
 from gyre_train.packing import MicroStep
 from gyre_train.publish import WeightPublisher
@@ -360,8 +361,9 @@ class Replica:
 
     def _publish(self, publisher: WeightPublisher, policy_version: int) -> None:
         if isinstance(self.backend, MegatronBackend):
-            raise InvalidConfigError(
-                "publishing Megatron cells to engines needs a Megatron-to-Hugging Face weight "
-                "converter, which gyre does not have yet"
-            )
+            # Engines serve Hugging Face models: the whole GPT, gathered, as a GPT-2.
+            named = self.backend.full_named_tensors()  # collective over the cell
+            if self.layout.leads:
+                publisher.publish(to_gpt2(self.backend.spec, named), policy_version)
+            return
         publisher.publish(self.backend, policy_version)

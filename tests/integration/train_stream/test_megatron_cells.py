@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gyre_proxy.refengine import free_port
+from gyre_proxy.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
 from gyre_store import PostgresEventLog, iterate
 from gyre_store.catalog import CellRole, CellRoleChanged
 from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
@@ -31,6 +32,7 @@ from gyre_train.claims import QueueConfig, RedisMicroStepQueue
 from gyre_train.cluster import CellCluster
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.loss import LossConfig
+from gyre_train.megatron_export import gpt2_config, to_gpt2
 from gyre_train.publish import EnginePublisherConfig
 from gyre_train.replica import MegatronCells, RankLayout
 from gyre_train.streaming_run import SyntheticBatchConfig, cell_configs, enqueue_batch, synthetic_batch
@@ -44,8 +46,10 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
+PROMPT = [72, 101, 108, 108, 111, 44, 32]
 DATA = SyntheticBatchConfig(groups=2, executions=3, max_rows=2, vocab_size=128)
-SPEC = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=5)
+# The vocabulary covers the reference engine's byte tokenizer, so an engine can serve it.
+SPEC = MegatronModelSpec(vocab_size=320, hidden_size=32, seed=5)
 # Clipped SGD moves every weight by lr * clipped gradient, so the check is tight (see test_megatron).
 OPTIMIZER = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.01)
 LOSS = LossConfig(clip_low=0.01, clip_high=100.0)
@@ -98,7 +102,7 @@ def _assert_updates_equal(reference: mp.ProcessContext, output: Path, count: int
         expected = states[version]
         assert got.keys() == expected.keys()
         moved = max(float((expected[n] - states[version - 1][n]).abs().max()) for n in expected)
-        assert moved > 1e-3  # the update is not trivially zero
+        assert moved > 1e-4  # the update is not trivially zero (100x the tolerance)
         for name, tensor in expected.items():
             torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=f"v{version} {name}")
 
@@ -114,17 +118,47 @@ def test_rank_layout_follows_megatrons_order() -> None:
         RankLayout(cells=2, cell=0, position=2, tensor_parallel_size=2)
 
 
-def test_megatron_cells_refuse_engine_publication(redis_url: str) -> None:
-    with pytest.raises(InvalidConfigError, match="converter"):
-        cell_configs(
-            cells=2, redis_url=redis_url, port=free_port(), model=MegatronCells(SPEC, 2),
-            engines=EnginePublisherConfig(("http://127.0.0.1:1",), "disk", Path("/tmp")),
-        )  # fmt: skip
+def _gpt2_engine_folder(path: Path) -> Path:
+    """A GPT-2 of SPEC's shape with arbitrary weights: what the engine serves before publication."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = gpt2_config(SPEC)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(values.pop("model_type"), **values))
+    model.save_pretrained(str(path))
+    return path
 
 
-def test_tensor_parallel_cells_with_a_joining_satellite_equal_one_process(
-    redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog, database_url: str
-) -> None:
+def _engine_logprobs(base_url: str) -> tuple[str, list[int], list[float]]:
+    """The engine's weight version, and the tokens it samples greedily after PROMPT with their logprobs."""
+    body = {"input_ids": PROMPT, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}}  # fmt: skip
+    meta = httpx.post(f"{base_url}/generate", json=body, timeout=60).json()["meta_info"]
+    entries = meta["output_token_logprobs"]
+    return str(meta["weight_version"]), [int(e[1]) for e in entries], [float(e[0]) for e in entries]
+
+
+def _gpt2_logprobs(state: dict[str, torch.Tensor], output: list[int]) -> list[float]:
+    """log p(output[i] | PROMPT + output[:i]) under the GPT-2 export of a Megatron state."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    exported = to_gpt2(SPEC, state)
+    values = dict(exported.config)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(values.pop("model_type"), **values))
+    model.load_state_dict(exported.state)
+    ids = torch.tensor([PROMPT + output])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    return [float(logprobs[len(PROMPT) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+@pytest.mark.parametrize(
+    "layout", [MegatronCells(SPEC, tensor_parallel_size=2), MegatronCells(SPEC, pipeline_parallel_size=2)],
+    ids=["tp2", "pp2"],
+)  # fmt: skip
+def test_megatron_cells_with_a_joining_satellite_equal_one_process_and_publish(
+    layout: MegatronCells, redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog,
+    database_url: str,
+) -> None:  # fmt: skip
     rng = np.random.default_rng(3)
     batches = [synthetic_batch(11, b, DATA) for b in range(3)]
     sizes = {b: len(steps) for b, (steps, _) in enumerate(batches)}
@@ -137,16 +171,26 @@ def test_tensor_parallel_cells_with_a_joining_satellite_equal_one_process(
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp)
         reference = _start_reference(DATA, 11, len(batches), output / "reference.pt")
-        configs = cell_configs(
-            cells=2, redis_url=redis_url, port=free_port(), model=MegatronCells(SPEC, tensor_parallel_size=2),
-            prefix=prefix, optimizer=OPTIMIZER, loss=LOSS, output_dir=output, database_url=database_url,
-        )  # fmt: skip
-        assert len(configs) == 4 and [c.position for c in configs] == [0, 0, 1, 1]
-        with CellCluster(configs, bursts) as cluster:
-            for b, (steps, executions) in enumerate(batches):
-                enqueue_batch(RedisMicroStepQueue(redis_client, configs[0].queue, b), steps, executions, 0.02)
-            cluster.wait(timeout_s=240)
+        engine_config = ReferenceEngineConfig(source=ModelSource(model_dir=_gpt2_engine_folder(output / "e")))
+        with ReferenceEngineServer(engine_config) as engine:
+            configs = cell_configs(
+                cells=2, redis_url=redis_url, port=free_port(), model=layout, prefix=prefix,
+                optimizer=OPTIMIZER, loss=LOSS, output_dir=output, database_url=database_url,
+                engines=EnginePublisherConfig((engine.base_url,), "disk", output / "published"),
+            )  # fmt: skip
+            assert len(configs) == 4 and [c.position for c in configs] == [0, 0, 1, 1]
+            with CellCluster(configs, bursts) as cluster:
+                for b, (steps, executions) in enumerate(batches):
+                    queue = RedisMicroStepQueue(redis_client, configs[0].queue, b)
+                    enqueue_batch(queue, steps, executions, 0.02)
+                cluster.wait(timeout_s=240)
+            version, output_ids, served = _engine_logprobs(engine.base_url)
         _assert_updates_equal(reference, output, len(batches))
+        final = torch.load(output / "reference.pt")[len(batches)]
+    # The engine serves the last publication (version 3) as the GPT-2 export of Megatron's weights.
+    assert version == "3" and len(served) == 4
+    expected = _gpt2_logprobs(final, output_ids)
+    assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-4
 
     events = [e.event for e in iterate(pg_log)]
     contributions = [e for e in events if isinstance(e, ContributionAccepted)]
