@@ -198,12 +198,19 @@ class RedisMicroStepQueue:
         """Take over one claim idle for longer than the timeout (its cell stopped renewing)."""
         self._ensure_group()
         min_idle = int(self._config.claim_timeout_s * 1000)
-        answer = self._redis.xautoclaim(
-            self.stream_key, GROUP, consumer_name(cell), min_idle, start_id="0-0", count=1
-        )
-        entries = answer[1]
-        if not entries:
-            return None
+        # XAUTOCLAIM looks at no more than 10 x COUNT pending entries per call: follow its cursor
+        # through the whole list, or a dead cell's claims behind >= 10 live ones are never seen.
+        start: bytes | str = "0-0"
+        while True:
+            answer = self._redis.xautoclaim(
+                self.stream_key, GROUP, consumer_name(cell), min_idle, start_id=start, count=1
+            )
+            cursor, entries = answer[0], answer[1]
+            if entries:
+                break
+            if cursor in (b"0-0", "0-0"):
+                return None
+            start = cursor
         message_id, fields = entries[0]
         if fields is None:  # trimmed entry; never happens since the stream is not trimmed
             return None

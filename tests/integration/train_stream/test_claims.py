@@ -49,6 +49,27 @@ def test_claims_are_disjoint_one_at_a_time_and_survive_the_round_trip(
     assert queue.pending() == []
 
 
+def test_a_silent_cells_claim_behind_many_live_ones_is_taken_over(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    # XAUTOCLAIM scans at most 10 x COUNT pending entries per call; the silent claim is the 25th.
+    steps, executions = synthetic_batch(0, 0, SyntheticBatchConfig(groups=8, executions=4, token_budget=48))
+    assert len(steps) >= 25
+    queue = _queue(redis_client, prefix)
+    enqueue_batch(queue, steps, executions)
+    live = [task.message_id for _ in range(24) if (task := queue.claim(0)) is not None]
+    silent = queue.claim(1)
+    assert len(live) == 24 and silent is not None
+    deadline = time.monotonic() + 2.0
+    taken = None
+    while taken is None and time.monotonic() < deadline:
+        queue.renew(0, live)
+        taken = queue.reclaim(2)
+        time.sleep(0.05)
+    assert taken is not None and taken.message_id == silent.message_id
+    assert queue.reclaim(2) is None  # the live ones were renewed, so they are not idle
+
+
 def test_a_silent_cells_claim_is_taken_over_after_the_timeout_and_a_renewed_one_is_not(
     redis_client: redis.Redis, prefix: str
 ) -> None:
