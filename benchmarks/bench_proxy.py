@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/bench_proxy.py [--clients 128] [--requests 4] [--pg URL]
 
 1. 128 concurrent streaming clients against an engine that answers instantly: the latency
-   the proxy adds per request (proxied minus direct-to-engine, p50 and p99) and requests
-   per second. The engine, the proxy (``gyre proxy serve``) and the clients run as three
-   processes on this machine.
+   the proxy adds per request (proxied minus direct-to-engine, p50 and p99), requests per
+   second, and the CPU time the proxy process spends per request (beside the engine's per
+   direct request). The engine, the proxy (``gyre proxy serve``) and the clients run as
+   three processes on this machine; in this closed loop the clients' own CPU counts too,
+   so the added latency is roughly clients x added CPU per request / cores.
 2. Incremental encoding of a 100,000-token history that grew by one tool result, against
    encoding the whole history.
 """
@@ -83,7 +85,9 @@ def instant_engine(port: int) -> None:
             Route("/model_info", ok),
         ]
     )
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    # Keep idle connections longer than the clients do (as the proxy does), so a request is
+    # never sent on a connection the server is just closing.
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=75)
 
 
 def free_port() -> int:
@@ -92,6 +96,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_for(url: str, timeout: float = 60) -> None:
@@ -272,12 +286,14 @@ def main() -> int:
             msgs.append({"role": "assistant", "content": "OK."})
 
         asyncio.run(drive(8, 2, direct))  # warm both paths
-        began = time.perf_counter()
+        began, engine_cpu = time.perf_counter(), cpu_seconds(engine.pid)
         d = asyncio.run(drive(args.clients, args.requests, direct))
         direct_rps = len(d) / (time.perf_counter() - began)
-        began = time.perf_counter()
+        engine_ms = (cpu_seconds(engine.pid) - engine_cpu) / len(d) * 1e3
+        began, proxy_cpu = time.perf_counter(), cpu_seconds(proxy.pid)
         p = asyncio.run(drive(args.clients, args.requests, proxied))
         proxied_rps = len(p) / (time.perf_counter() - began)
+        proxy_ms = (cpu_seconds(proxy.pid) - proxy_cpu) / len(p) * 1e3
         q = lambda xs, f: float(np.quantile(np.array(xs), f)) * 1e3  # noqa: E731
         table.add_row(
             "latency p50 (ms)",
@@ -298,6 +314,13 @@ def main() -> int:
             f"{proxied_rps:.0f}",
             f"{direct_rps:.0f}",
             f"{proxied_rps / direct_rps:.2f}",
+            "report",
+        )
+        table.add_row(
+            "CPU per request (ms)",
+            f"{proxy_ms:.2f} proxy",
+            f"{engine_ms:.2f} engine",
+            f"{proxy_ms / engine_ms:.1f}x",
             "report",
         )
     finally:

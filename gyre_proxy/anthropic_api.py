@@ -53,11 +53,10 @@ from gyre_proxy.messages import (
 )
 from gyre_proxy.sse import (
     SSE_HEADERS,
-    ClosingStreamingResponse,
+    SSEResponse,
     StreamFraming,
     named_event,
     open_stream,
-    sse_body,
 )
 
 if TYPE_CHECKING:
@@ -436,8 +435,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
             error=error_event,
             finished=lambda: encoder.done,
         )
-        body_stream = sse_body(pump, first, framing, settings.ping_interval_s)
-        return ClosingStreamingResponse(body_stream, on_close=pump.aclose, headers=SSE_HEADERS)
+        return SSEResponse(pump, first, framing, settings.ping_interval_s, headers=SSE_HEADERS)
 
     async def count_tokens(request: Request) -> Response:
         try:

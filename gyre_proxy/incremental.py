@@ -18,7 +18,16 @@ from gyre_store.recorder import ExecutionContext, PrefixPoint
 from gyre_store.tito import HASH_WORDS
 
 from .chat_template import Qwen3Template, Rendered
-from .messages import ChatRequest, Message, chain_hashes, system_message, system_sha
+from .messages import (
+    ChatRequest,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolUseBlock,
+    chain_hashes,
+    system_message,
+    system_sha,
+)
 
 
 def context_key(last_hash: bytes, thinking: bool) -> bytes:
@@ -56,24 +65,75 @@ def full_messages(request: ChatRequest) -> tuple[Message, ...]:
     return (system_message(request.system, request.tools), *request.messages)
 
 
-def encode_request(ctx: ExecutionContext, template: Qwen3Template, request: ChatRequest) -> EncodedRequest:
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A request matched against its execution's index, before anything is tokenized.
+
+    ``matched`` messages (system first) are stored already; ``exact`` is set when the whole
+    input, generation prompt included, is. ``pending_chars`` is the text still to render:
+    a measure of what encoding will cost.
+    """
+
+    messages: tuple[Message, ...]
+    hashes: tuple[bytes, ...]
+    context_hash: bytes
+    system_sha: str
+    exact: PrefixPoint | None
+    matched: int
+    prefix: PrefixPoint | None
+
+    @property
+    def pending_chars(self) -> int:
+        if self.exact is not None:
+            return 0
+        return sum(_text_size(m) for m in self.messages[self.matched :])
+
+
+def _text_size(message: Message) -> int:
+    n = 0
+    for b in message.blocks:
+        if isinstance(b, TextBlock):
+            n += len(b.text)
+        elif isinstance(b, ThinkingBlock):
+            n += len(b.thinking)
+        elif isinstance(b, ToolUseBlock):
+            n += len(b.name) + len(b.input_json)
+        else:
+            n += len(b.content)
+    return n
+
+
+def match_request(ctx: ExecutionContext, request: ChatRequest) -> Match:
+    """Hash the request's messages as a chain and find the longest stored prefix."""
     messages = full_messages(request)
-    hashes = chain_hashes(messages)
+    hashes = tuple(chain_hashes(messages))
     whole = context_key(hashes[-1], request.thinking)
     sha = system_sha(messages[0])
     exact = ctx.index.get(whole)
-    empty_i = np.zeros(0, dtype=np.int32)
-    if exact is not None:
-        return EncodedRequest(
-            exact, empty_i, np.zeros(0, np.uint8), empty_i, np.zeros(0, np.uint32),
-            messages, tuple(hashes), whole, sha, 0,
-        )  # fmt: skip
     matched, prefix = 0, None
-    for k in range(len(hashes), 0, -1):
-        point = ctx.index.get(hashes[k - 1])
-        if point is not None:
-            matched, prefix = k, point
-            break
+    if exact is None:
+        for k in range(len(hashes), 0, -1):
+            point = ctx.index.get(hashes[k - 1])
+            if point is not None:
+                matched, prefix = k, point
+                break
+    return Match(messages, hashes, whole, sha, exact, matched, prefix)
+
+
+def encode_request(ctx: ExecutionContext, template: Qwen3Template, request: ChatRequest) -> EncodedRequest:
+    return encode_match(template, request, match_request(ctx, request))
+
+
+def encode_match(template: Qwen3Template, request: ChatRequest, match: Match) -> EncodedRequest:
+    """Tokenize what ``match`` left: the messages after the stored prefix and the generation prompt."""
+    messages, hashes, whole, sha = match.messages, match.hashes, match.context_hash, match.system_sha
+    empty_i = np.zeros(0, dtype=np.int32)
+    if match.exact is not None:
+        return EncodedRequest(
+            match.exact, empty_i, np.zeros(0, np.uint8), empty_i, np.zeros(0, np.uint32),
+            messages, hashes, whole, sha, 0,
+        )  # fmt: skip
+    matched, prefix = match.matched, match.prefix
     out = Rendered()
     ends: list[int] = []
     base = 0 if prefix is None else prefix.offset
@@ -96,7 +156,7 @@ def encode_request(ctx: ExecutionContext, template: Qwen3Template, request: Chat
         msg_ends=np.asarray(ends, dtype=np.int32),
         msg_hashes=np.frombuffer(new_hashes, dtype="<u4").copy() if new_hashes else np.zeros(0, np.uint32),
         messages=messages,
-        hashes=tuple(hashes),
+        hashes=hashes,
         context_hash=whole,
         system_sha=sha,
         tokenized=len(out),
@@ -105,7 +165,7 @@ def encode_request(ctx: ExecutionContext, template: Qwen3Template, request: Chat
 
 def output_hash(encoded: EncodedRequest, assistant: Message) -> npt.NDArray[np.uint32]:
     """The chain hash of the context extended by the assistant message (as the harness will send it)."""
-    h = chain_hashes([*encoded.messages, assistant])[-1]
+    h = chain_hashes([assistant], after=encoded.hashes[-1])[-1]
     return np.frombuffer(h, dtype="<u4").copy()
 
 

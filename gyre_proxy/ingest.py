@@ -21,7 +21,7 @@ from gyre_store.tito import CallFinish, ModelCallRecorded, Provenance, TitoArray
 
 from .chat_template import Qwen3Template
 from .harness import CallTraits, HarnessPlugin
-from .incremental import EncodedRequest, encode_request, output_hash
+from .incremental import EncodedRequest, Match, encode_match, match_request, output_hash
 from .messages import ChatRequest, Message
 
 
@@ -42,11 +42,24 @@ class Ingestor:
         self.template = template
         self.plugin = plugin
 
-    def prepare(self, execution_id: str, run_id: str, request: ChatRequest) -> Prepared:
+    def prepare(
+        self, execution_id: str, run_id: str, request: ChatRequest, match: Match | None = None
+    ) -> Prepared:
+        """Match (unless ``match`` is given) and encode ``request``; may read the log."""
         ctx = self.recorder.context(execution_id)
-        encoded = encode_request(ctx, self.template, request)
+        if match is None:
+            match = match_request(ctx, request)
+        encoded = encode_match(self.template, request, match)
         traits = self.plugin.classify(ctx, request, encoded.system_sha)
         return Prepared(execution_id, run_id, request, encoded, traits)
+
+    def match(self, execution_id: str, request: ChatRequest) -> Match | None:
+        """Match ``request`` against the execution's index without tokenizing anything.
+
+        None when the execution's context is not in memory (matching would read the log).
+        """
+        ctx = self.recorder.cached_context(execution_id)
+        return None if ctx is None else match_request(ctx, request)
 
     def input_ids(self, prepared: Prepared, prefix_tokens: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         """The full input for the engine: the stored prefix tokens, then the new ones."""

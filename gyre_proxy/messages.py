@@ -135,10 +135,13 @@ def system_message(system: str, tools: Sequence[ToolSpec]) -> Message:
     return Message(Role.SYSTEM, tuple(blocks))
 
 
-def chain_hashes(messages: Iterable[Message]) -> list[bytes]:
-    """h_i = H(h_{i-1} || canonical(m_i)), 16 bytes each: equal hashes mean equal prefixes."""
+def chain_hashes(messages: Iterable[Message], *, after: bytes = b"") -> list[bytes]:
+    """h_i = H(h_{i-1} || canonical(m_i)), 16 bytes each: equal hashes mean equal prefixes.
+
+    ``after`` is the hash the chain continues from (that of the messages before these).
+    """
     out: list[bytes] = []
-    h = b""
+    h = after
     for m in messages:
         h = hashlib.blake2b(h + canonical(m), digest_size=16).digest()
         out.append(h)

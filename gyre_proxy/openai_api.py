@@ -54,11 +54,10 @@ from gyre_proxy.sse import (
     COMMENT_PING,
     DATA_DONE,
     SSE_HEADERS,
-    ClosingStreamingResponse,
+    SSEResponse,
     StreamFraming,
     data_event,
     open_stream,
-    sse_body,
 )
 
 if TYPE_CHECKING:
@@ -392,8 +391,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
             error=lambda err: data_event(openai_error_body(err)),
             finished=lambda: encoder.done,
         )
-        body_stream = sse_body(pump, first, framing, settings.ping_interval_s)
-        return ClosingStreamingResponse(body_stream, on_close=pump.aclose, headers=SSE_HEADERS)
+        return SSEResponse(pump, first, framing, settings.ping_interval_s, headers=SSE_HEADERS)
 
     async def models(request: Request) -> Response:
         try:

@@ -28,11 +28,13 @@ from .api_errors import ContextTooLong, Overloaded
 from .core import ExecutionAuth, MessageDone, MessageStart, StreamEvent
 from .engine_types import FinishKind, SamplingConfig
 from .exceptions import ContextLengthExceeded, EngineBadRequest, EngineError, EngineUnavailable
+from .incremental import Match
 from .ingest import Ingestor, Prepared, continuation
 from .messages import Block, ChatRequest, ChatResponse, Message, Role
 from .output_parser import OutputParser, stop_reason_for
 from .routing import RoutedEngine, Router
 from .spool import RecordSpool
+from .text_tokenizer import IncrementalText
 
 MAX_ATTEMPTS = 4
 
@@ -56,6 +58,7 @@ class GyreProxyCore:
         context_limit: int = 131_072,
         keep_sequences: int = 8,
         max_executions: int = 4096,
+        inline_chars: int = 8192,
     ) -> None:
         self.ingestor = ingestor
         self.router = router
@@ -63,6 +66,8 @@ class GyreProxyCore:
         self.context_limit = context_limit
         self.keep_sequences = keep_sequences
         self.max_executions = max_executions
+        self.inline_chars = inline_chars
+        self.prepared_inline = 0  # requests encoded on the event loop (the rest went to a thread)
         self._seqs: dict[str, _Sequences] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
         self.tok = ingestor.template.tok
@@ -112,6 +117,33 @@ class GyreProxyCore:
         seqs.move_to_end(request_id)
         return seqs[request_id]
 
+    async def _prepare(
+        self, execution: ExecutionAuth, request: ChatRequest
+    ) -> tuple[Prepared, npt.NDArray[np.int32]]:
+        """The request matched and encoded, and the engine's full input.
+
+        The common call (an execution's next turn, adding a tool result or a short prompt)
+        is done on the event loop: handing it to a worker thread and back costs more than
+        the work. A request with much new text to tokenize (over ``inline_chars``), or one
+        that needs the log (an execution or a stored sequence not in memory), goes to a
+        thread so the loop keeps streaming other answers.
+        """
+        ex, run = execution.execution_id, execution.run_id
+        match = self.ingestor.match(ex, request)
+        if match is not None and match.pending_chars <= self.inline_chars:
+            point = match.exact or match.prefix
+            seqs = self._seqs.get(ex)
+            if point is None or (seqs is not None and point.request_id in seqs.by_request):
+                self.prepared_inline += 1
+                return self._prepare_now(ex, run, request, match)
+        return await asyncio.to_thread(self._prepare_now, ex, run, request, match)
+
+    def _prepare_now(
+        self, execution_id: str, run_id: str, request: ChatRequest, match: Match | None
+    ) -> tuple[Prepared, npt.NDArray[np.int32]]:
+        prepared = self.ingestor.prepare(execution_id, run_id, request, match)
+        return prepared, self._input_ids(prepared)
+
     def _input_ids(self, prepared: Prepared) -> npt.NDArray[np.int32]:
         enc = prepared.encoded
         if enc.prefix is None:
@@ -149,8 +181,7 @@ class GyreProxyCore:
     ) -> AsyncIterator[StreamEvent]:
         ex = execution.execution_id
         self._touch(ex)
-        prepared = await asyncio.to_thread(self.ingestor.prepare, ex, execution.run_id, request)
-        input_ids = await asyncio.to_thread(self._input_ids, prepared)
+        prepared, input_ids = await self._prepare(execution, request)
         n_in = int(input_ids.shape[0])
         if n_in + 1 > self.context_limit:
             raise ContextTooLong(input_tokens=n_in, limit=self.context_limit)
@@ -166,7 +197,8 @@ class GyreProxyCore:
         out_lp: list[float] = []
         attempt_start = 0  # index into out_ids where the current attempt began
         versions: list[tuple[int, int]] = []
-        text_sent = ""
+        decoded = IncrementalText(self.tok, skip=self._stop_ids)  # the output's visible text
+        sent = 0  # characters of it fed to the parser (the harness has them)
         stop_hit: str | None = None
         hold = max((len(s) for s in request.stop), default=1) - 1
         finish = FinishKind.STOP
@@ -202,20 +234,22 @@ class GyreProxyCore:
                         if delta.output_ids.shape[0]:
                             if not first_token_s:
                                 first_token_s = time.time() - started
-                            out_ids.extend(int(t) for t in delta.output_ids)
-                            out_lp.extend(float(x) for x in delta.logprobs)
-                            text = self._text(out_ids)
-                            new_text = text[len(text_sent) :]
-                            if new_text and not new_text.endswith("\ufffd"):
-                                hit = _find_stop(text, request.stop, len(text_sent))
+                            new_ids = delta.output_ids.tolist()
+                            out_ids.extend(new_ids)
+                            out_lp.extend(delta.logprobs.tolist())
+                            # Only the new tokens are decoded: re-decoding the whole output on
+                            # every chunk made a long answer quadratic.
+                            text = decoded.add(new_ids)
+                            if len(text) > sent and not text.endswith("\ufffd"):
+                                hit = _find_stop(text, request.stop, sent)
                                 # Hold back what could be the start of a stop sequence, so the
                                 # harness never receives part of one.
-                                cut = hit[1] if hit is not None else max(len(text_sent), len(text) - hold)
+                                cut = hit[1] if hit is not None else max(sent, len(text) - hold)
                                 if hit is not None:
                                     stop_hit = hit[0]
-                                for ev in parser.feed(text[len(text_sent) : cut]):
+                                for ev in parser.feed(text[sent:cut]):
                                     yield ev
-                                text_sent = text[:cut]
+                                sent = cut
                                 if stop_hit is not None:
                                     await routed.engine.abort(rid)
                                     break
@@ -249,7 +283,7 @@ class GyreProxyCore:
             if not completed:
                 raise Overloaded("no engine could finish this request; retry later")
             if stop_hit is None:
-                held = self._text(out_ids)[len(text_sent) :]
+                held = decoded.finish()[sent:]
                 if held:
                     for ev in parser.feed(held):
                         yield ev
@@ -276,10 +310,6 @@ class GyreProxyCore:
                     started=started, first_token_s=first_token_s,
                 )  # fmt: skip
             raise
-
-    def _text(self, ids: list[int]) -> str:
-        visible = [i for i in ids if i not in self._stop_ids]
-        return self.tok.decode(visible)
 
     def _stage(
         self,

@@ -29,6 +29,11 @@ from gyre_proxy.core import KeyResolver, ProxyCore
 from gyre_proxy.exceptions import GyreProxyError
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# Idle keep-alive connections are kept longer than clients keep theirs (httpx, which the
+# Anthropic and OpenAI SDKs use, 5 s; Node 4 s), so the client always closes first. With
+# uvicorn's 5 s a request sent on a connection the server is just closing is lost, and on
+# uvloop, which runs due timers before reading sockets, that race is frequent under load.
+KEEP_ALIVE_S = 75
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,14 @@ class ProxyServer:
         self.host = host
         self.port = port or free_port(host)
         self._startup_timeout_s = startup_timeout_s
-        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="gyre-proxy", daemon=True)
 

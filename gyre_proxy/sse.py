@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import anyio
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gyre_proxy.api_errors import ApiError, as_api_error
@@ -57,6 +57,7 @@ class EventPump(Generic[T]):
         self._source = source
         self._pending: asyncio.Task[T | Pulse] | None = None
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
 
     async def _advance(self) -> T | Pulse:
         try:
@@ -70,18 +71,37 @@ class EventPump(Generic[T]):
             return Pulse.END
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._advance())
-        done, _ = await asyncio.wait({self._pending}, timeout=timeout_s)
+        task = self._pending
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
         if not done:
             return Pulse.TICK
-        task, self._pending = self._pending, None
+        if self._pending is task:
+            self._pending = None
+        if task.cancelled() and self._closed:
+            return Pulse.END  # closed (by the client going away) while this read waited
         item = task.result()
         if item is Pulse.END:
             self._closed = True
         return item
 
     async def aclose(self) -> None:
-        """Stop the source: cancel a pending read, then close the generator. Idempotent."""
+        """Stop the source: cancel a pending read, then close the generator. Idempotent.
+
+        A second caller (the response ending while the disconnect watcher closes the pump)
+        waits until the first one's close is complete: the core's cleanup is not cut short.
+        """
         self._closed = True
+        if self._closing is not None:
+            with anyio.CancelScope(shield=True):
+                await asyncio.shield(self._closing)
+            return
+        self._closing = asyncio.get_running_loop().create_future()
+        try:
+            await self._close()
+        finally:
+            self._closing.set_result(None)
+
+    async def _close(self) -> None:
         pending, self._pending = self._pending, None
         with anyio.CancelScope(shield=True):
             if pending is not None and not pending.done():
@@ -92,38 +112,6 @@ class EventPump(Generic[T]):
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A ``StreamingResponse`` that runs ``on_close`` however the response ends.
-
-    Starlette cancels the body on a client disconnect but does not close the body's
-    generator (nor anything it reads from); a cancelled generator that never started
-    would not even run its ``finally``. So cleanup hangs off the response itself.
-    """
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        *,
-        on_close: Callable[[], Awaitable[None]],
-        status_code: int = 200,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(content, status_code=status_code, headers=headers, media_type=SSE_MEDIA_TYPE)
-        self._body_source = content
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                aclose = getattr(self._body_source, "aclose", None)
-                if aclose is not None:
-                    with contextlib.suppress(Exception):
-                        await aclose()
-                await self._on_close()
 
 
 async def open_stream(source: AsyncIterator[T], timeout_s: float) -> tuple[EventPump[T], T | Pulse]:
@@ -160,24 +148,94 @@ class StreamFraming(Generic[T]):
         self.finished = finished
 
 
-async def sse_body(
-    pump: EventPump[T], first: T | Pulse, framing: StreamFraming[T], ping_interval_s: float
-) -> AsyncIterator[bytes]:
-    """The response body: frames for each item, a ping per quiet interval, errors as events."""
-    for frame in framing.opening(first):
-        yield frame
-    item = first
+class SSEResponse(Response):
+    """The streaming answer: the pump's items framed as SSE, until the stream is finished.
+
+    Starlette's ``StreamingResponse`` would spend a task group (two tasks, cancel scopes)
+    on every answer and one ASGI send per frame; this writes each item's frames in one
+    send, ends the body in the same send as the finishing item's frames, and watches for
+    the client going away from a single task. The pump is closed however the response ends, so the
+    core aborts its engine request when the harness hangs up mid-answer.
+    """
+
+    media_type = SSE_MEDIA_TYPE
+
+    def __init__(
+        self,
+        pump: EventPump[T],
+        first: T | Pulse,
+        framing: StreamFraming[T],
+        ping_interval_s: float,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self._pump: EventPump[Any] = pump
+        self._first: Any = first
+        self._framing: StreamFraming[Any] = framing
+        self._ping_interval_s = ping_interval_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = self._pump
+        framing = self._framing
+        watcher = asyncio.ensure_future(_close_on_disconnect(receive, pump))
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            frames = list(framing.opening(self._first))
+            item = self._first
+            while True:
+                try:
+                    last = _frames(item, framing, frames)
+                except Exception as exc:  # the status line is sent: errors now travel as an event
+                    frames.append(framing.error(as_api_error(exc)))
+                    last = True
+                if last:
+                    await send({"type": "http.response.body", "body": b"".join(frames), "more_body": False})
+                    return
+                # The finishing frames wait for the source's end (at once, from the core) so
+                # they and the end of the body go out together; a quiet source gets them anyway.
+                if frames and (not framing.finished() or item is Pulse.TICK):
+                    await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
+                    frames.clear()
+                try:
+                    item = await pump.next(self._ping_interval_s)
+                except Exception as exc:
+                    frames.append(framing.error(as_api_error(exc)))
+                    item = _FAILED
+        finally:
+            # Close first: if the watcher is closing the pump already, this waits for it.
+            with anyio.CancelScope(shield=True):
+                await pump.aclose()
+            watcher.cancel()
+
+
+_FAILED = object()  # the source raised; its error frame is already queued
+
+
+def _frames(item: object, framing: StreamFraming[Any], out: list[bytes]) -> bool:
+    """Append ``item``'s frames to ``out``; True when the stream ends with them."""
+    if item is _FAILED:
+        return True
+    if item is Pulse.END:
+        if not framing.finished():
+            out.append(framing.error(ApiError("the model's answer ended before it was complete")))
+        return True
+    if item is Pulse.TICK:
+        out.append(framing.ping)
+        return False
+    out.extend(framing.encode(item))
+    return False
+
+
+async def _close_on_disconnect(receive: Receive, pump: EventPump[Any]) -> None:
+    """Close the pump (so the core stops its engine request) once the client goes away."""
     try:
-        while True:
-            if item is Pulse.END:
-                if not framing.finished():
-                    yield framing.error(ApiError("the model's answer ended before it was complete"))
-                return
-            if item is Pulse.TICK:
-                yield framing.ping
-            else:
-                for frame in framing.encode(item):
-                    yield frame
-            item = await pump.next(ping_interval_s)
-    except Exception as exc:  # the status line is sent: errors now travel as an event
-        yield framing.error(as_api_error(exc))
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # the server cannot tell any more; the response's end still closes it
+        return
+    await pump.aclose()

@@ -94,6 +94,11 @@ class TrajectoryRecorder:
                 self._contexts[execution_id] = ctx
             return ctx
 
+    def cached_context(self, execution_id: str) -> ExecutionContext | None:
+        """The execution's state if it is in memory now; None where ``context`` would read the log."""
+        with self._lock:
+            return self._contexts.get(execution_id)
+
     def _load(self, execution_id: str) -> ExecutionContext:
         ctx = ExecutionContext(execution_id)
         for ev in self._log.read_stream(StreamId("calls", execution_id)):

@@ -1,13 +1,25 @@
-"""The SSE event pump: timeouts that leave the source intact, and closing that reaches it."""
+"""The SSE event pump and response: timeouts that leave the source intact, closing that reaches
+it, one send per item, and a client that goes away stopping the source."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from gyre_proxy.sse import EventPump, Pulse, data_event, named_event
+from gyre_proxy.api_errors import Overloaded
+from gyre_proxy.sse import (
+    SSE_HEADERS,
+    EventPump,
+    Pulse,
+    SSEResponse,
+    StreamFraming,
+    data_event,
+    named_event,
+    open_stream,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -70,3 +82,134 @@ async def test_source_errors_come_out_of_next() -> None:
 def test_framing() -> None:
     assert named_event("ping", b'{"type":"ping"}') == b'event: ping\ndata: {"type":"ping"}\n\n'
     assert data_event(b"[DONE]") == b"data: [DONE]\n\n"
+
+
+async def test_a_second_aclose_waits_for_the_first_to_finish() -> None:
+    cleaned: list[str] = []
+
+    async def slow_cleanup() -> AsyncIterator[int]:
+        try:
+            yield 0
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.05)  # the core's cleanup: abort the engine, stage the record
+            cleaned.append("done")
+
+    pump = EventPump(slow_cleanup())
+    assert await pump.next(1.0) == 0
+    assert await pump.next(0.01) is Pulse.TICK
+    first = asyncio.ensure_future(pump.aclose())
+    await asyncio.sleep(0)
+    await pump.aclose()  # must not return before the first close completed
+    assert cleaned == ["done"]
+    await first
+
+
+# -- the streaming response -----------------------------------------------------------------------
+
+
+def framing_of(items: list[str]) -> StreamFraming[str]:
+    """Frames each item as ``name`` events; the stream is finished once "done" was encoded
+    (and, like the API encoders, frames nothing after that)."""
+
+    def finished() -> bool:
+        return any(item.endswith("done") for item in items)
+
+    def encode(item: str) -> list[bytes]:
+        if finished():
+            return []
+        items.append(item)
+        return [named_event(part, b"{}") for part in item.split("+")]
+
+    return StreamFraming[str](
+        opening=lambda first: (b"open\n\n",),
+        encode=encode,
+        ping=b": ping\n\n",
+        error=lambda err: named_event("error", err.message.encode()),
+        finished=finished,
+    )
+
+
+class Client:
+    """The ASGI side of one response: records sends, says ``http.disconnect`` when told."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.gone = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    @property
+    def bodies(self) -> list[tuple[bytes, bool]]:
+        return [(m["body"], m["more_body"]) for m in self.sent if m["type"] == "http.response.body"]
+
+
+async def respond(source: AsyncIterator[str], client: Client, ping_interval_s: float = 10.0) -> None:
+    pump, first = await open_stream(source, 1.0)
+    response = SSEResponse(pump, first, framing_of([]), ping_interval_s, headers=SSE_HEADERS)
+    await response({"type": "http"}, client.receive, client.send)  # type: ignore[arg-type]
+
+
+async def test_each_item_is_one_send_and_the_finishing_one_ends_the_body() -> None:
+    ended: list[bool] = []
+
+    async def source() -> AsyncIterator[str]:
+        yield "start"
+        yield "a+b"
+        yield "stop+delta+done"
+        yield "after+the+end"  # the source still runs to its end
+        ended.append(True)
+
+    client = Client()
+    await respond(source(), client)
+    assert ended == [True]
+    assert client.sent[0]["type"] == "http.response.start"
+    assert client.bodies == [
+        (b"open\n\n" + named_event("start", b"{}"), True),
+        (named_event("a", b"{}") + named_event("b", b"{}"), True),
+        (named_event("stop", b"{}") + named_event("delta", b"{}") + named_event("done", b"{}"), False),
+    ]
+
+
+async def test_quiet_source_gets_pings_and_an_unfinished_end_is_an_error() -> None:
+    async def source() -> AsyncIterator[str]:
+        yield "start"
+        await asyncio.sleep(0.12)
+
+    client = Client()
+    await respond(source(), client, ping_interval_s=0.02)
+    bodies = client.bodies
+    assert bodies.count((b": ping\n\n", True)) >= 2
+    assert bodies[-1][1] is False and bodies[-1][0].startswith(b"event: error")
+    assert b"ended before it was complete" in bodies[-1][0]
+
+
+async def test_source_error_after_the_start_is_the_last_frame() -> None:
+    async def source() -> AsyncIterator[str]:
+        yield "start"
+        raise Overloaded("no engine could finish this request")
+
+    client = Client()
+    await respond(source(), client)
+    assert client.bodies[-1] == (named_event("error", b"no engine could finish this request"), False)
+
+
+async def test_client_going_away_closes_a_quiet_source() -> None:
+    source = Source([0.0, 60.0])
+    client = Client()
+
+    async def as_text() -> AsyncIterator[str]:
+        async for i in source.run():
+            yield str(i)
+
+    task = asyncio.ensure_future(respond(as_text(), client))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    client.gone.set()
+    await asyncio.wait_for(task, 5)  # ends without waiting out the 60 s
+    assert source.ended == "CancelledError"
