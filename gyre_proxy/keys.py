@@ -2,7 +2,8 @@
 
 ``issue_key`` records an ``execution.key_issued`` event holding the key's SHA-256 (the key
 itself is shown once, never stored); ``StoreKeys`` resolves keys by folding those events,
-re-reading the log on a miss so a key issued by another process is found.
+re-reading the log on a miss so a key issued by another process is found, and at most
+``recheck_s`` after its last read so a key revoked by another process stops working.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import hashlib
 import secrets
 import threading
+import time
+from collections.abc import Callable
 
 from gyre_store.catalog import ApiKeyIssued, ApiKeyRevoked
 from gyre_store.events import NewEvent
@@ -40,16 +43,30 @@ def revoke_key(log: EventLog, api_key: str, reason: str = "") -> None:
 
 
 class StoreKeys:
-    """A KeyResolver backed by the event log."""
+    """A KeyResolver backed by the event log.
 
-    def __init__(self, log: EventLog) -> None:
+    A known key is answered from memory; once ``recheck_s`` has passed since the last read of
+    the log, the next lookup reads the key events appended since (one small indexed read), so a
+    revocation recorded anywhere takes effect within ``recheck_s``.
+    """
+
+    def __init__(
+        self, log: EventLog, *, recheck_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._log = log
         self._keys: dict[str, ExecutionAuth | None] = {}
         self._position = 0
         self._lock = threading.Lock()
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._read_at = float("-inf")
+
+    def _stale(self) -> bool:
+        return self._clock() - self._read_at > self._recheck_s
 
     def _refresh(self) -> None:
         with self._lock:
+            self._read_at = self._clock()
             while True:
                 events = self._log.read(self._position, limit=1000, types=KEY_TYPES)
                 if not events:
@@ -65,12 +82,12 @@ class StoreKeys:
 
     def resolve_sync(self, api_key: str) -> ExecutionAuth | None:
         h = key_hash(api_key)
-        if h not in self._keys:
+        if h not in self._keys or self._stale():
             self._refresh()
         return self._keys.get(h)
 
     async def resolve(self, api_key: str) -> ExecutionAuth | None:
         h = key_hash(api_key)
-        if h in self._keys:
+        if h in self._keys and not self._stale():
             return self._keys[h]
         return await asyncio.to_thread(self.resolve_sync, api_key)
