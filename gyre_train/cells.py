@@ -39,6 +39,7 @@ from gyre_store.training_events import (
 from gyre_train.backend_torch import OptimizerConfig, TrainingBackend
 from gyre_train.board import RedisBatchBoard
 from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue, Task
+from gyre_train.exceptions import InvalidConfigError
 from gyre_train.local_training import merge_shares
 from gyre_train.loss import ExecutionClip, LossConfig
 from gyre_train.membership import CORE, ReducePlan, TakeOver, Wait, plan_reduction
@@ -88,6 +89,11 @@ class CellConfig:
 
     def __post_init__(self) -> None:
         layout_of(self.model, self.cells, self.cell, self.position)  # raises on a bad place
+        if self.dist_backend != "gloo":
+            # NCCL collectives need CUDA tensors; the backends and the replica keep theirs on the CPU.
+            raise InvalidConfigError(
+                f"cells run over gloo only (got {self.dist_backend!r}): GPU cells over NCCL are not built"
+            )
 
     @property
     def layout(self) -> RankLayout:

@@ -25,7 +25,7 @@ from gyre_store import PostgresEventLog, iterate
 from gyre_store.catalog import CellRole, CellRoleChanged
 from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
 from gyre_train.backend_megatron import MegatronModelSpec
-from gyre_train.backend_torch import OptimizerConfig
+from gyre_train.backend_torch import ModelSpec, OptimizerConfig
 from gyre_train.board import RedisBatchBoard
 from gyre_train.cells import BurstPlan
 from gyre_train.claims import QueueConfig, RedisMicroStepQueue
@@ -35,7 +35,13 @@ from gyre_train.loss import LossConfig
 from gyre_train.megatron_export import gpt2_config, to_gpt2
 from gyre_train.publish import EnginePublisherConfig
 from gyre_train.replica import MegatronCells, RankLayout
-from gyre_train.streaming_run import SyntheticBatchConfig, cell_configs, enqueue_batch, synthetic_batch
+from gyre_train.streaming_run import (
+    TINY_QWEN3,
+    SyntheticBatchConfig,
+    cell_configs,
+    enqueue_batch,
+    synthetic_batch,
+)
 from tests.integration.train_stream.conftest import wait_for_members
 
 pytestmark = [
@@ -46,6 +52,7 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
+SPEC_TORCH = ModelSpec(TINY_QWEN3)
 PROMPT = [72, 101, 108, 108, 111, 44, 32]
 DATA = SyntheticBatchConfig(groups=2, executions=3, max_rows=2, vocab_size=128)
 # The vocabulary covers the reference engine's byte tokenizer, so an engine can serve it.
@@ -105,6 +112,11 @@ def _assert_updates_equal(reference: mp.ProcessContext, output: Path, count: int
         assert moved > 1e-4  # the update is not trivially zero (100x the tolerance)
         for name, tensor in expected.items():
             torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=f"v{version} {name}")
+
+
+def test_cells_refuse_nccl_until_gpu_cells_exist(redis_url: str) -> None:
+    with pytest.raises(InvalidConfigError, match="gloo only"):
+        cell_configs(cells=2, redis_url=redis_url, port=free_port(), model=SPEC_TORCH, dist_backend="nccl")
 
 
 def test_rank_layout_follows_megatrons_order() -> None:
