@@ -8,7 +8,6 @@ worlds (`megatron_world`) and come back through a file; the PyTorch backend runs
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from gyre_train.objective import micro_step_loss
 from gyre_train.packing import MicroStep
 from gyre_train.streaming_run import TINY_QWEN3, SyntheticBatchConfig, synthetic_batch
 from gyre_train.wire import ExecutionTotals
+from tests.integration.train_stream.gloo import gloo_world
 
 DATA = SyntheticBatchConfig(groups=2, executions=2, max_rows=2, vocab_size=128, token_budget=48)
 # A wide clip interval so that every execution contributes gradient.
@@ -267,18 +267,7 @@ def _megatron_subject(layout: MegatronLayout) -> BackendUnderTest:
 
 def megatron_world(rank: int, port: int, layout: MegatronLayout, workdir: str) -> None:
     """One rank of a Megatron world: every check, collectively; rank 0 writes the results."""
-    import warnings
-
-    import torch.distributed as dist
-
-    warnings.filterwarnings("ignore")  # Megatron warns about Apex and Transformer Engine.
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=layout.world)
-    try:
+    with gloo_world(rank, layout.world, port):
         results = run_checks(_megatron_subject(layout), Path(workdir) / f"rank{rank}")
         if rank == 0:
             torch.save(results, Path(workdir) / "results.pt")
-    finally:
-        dist.destroy_process_group()

@@ -10,7 +10,6 @@ start together; the reference is a world of one. Needs megatron-core (skipped lo
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from gyre_train.local_training import gradient_share, merge_shares, ratio_share
 from gyre_train.loss import LossConfig
 from gyre_train.megatron_compat import megatron_module
 from gyre_train.streaming_run import SyntheticBatchConfig, synthetic_batch
+from tests.integration.train_stream.gloo import gloo_world
 
 pytestmark = [
     pytest.mark.skipif(
@@ -112,16 +112,9 @@ def _train_one_batch(backend: Any, optimizer_state: bool) -> dict[str, Any]:
 
 def _world(rank: int, port: int, layout: Layout, output: str) -> None:
     """One rank: init gloo, one batch per optimizer; rank 0 saves what it saw."""
-    import warnings
-
-    warnings.filterwarnings("ignore")  # Megatron warns about Apex and Transformer Engine.
-    torch.set_num_threads(1)
     from gyre_train.backend_megatron import MegatronBackend, MegatronModelSpec
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=layout.world)
-    try:
+    with gloo_world(rank, layout.world, port):
         spec = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=7)
         results = {}
         for name, (optimizer, _) in OPTIMIZERS.items():
@@ -141,8 +134,6 @@ def _world(rank: int, port: int, layout: Layout, output: str) -> None:
         dist.all_gather_object(gathered, results)
         if rank == 0:
             torch.save(gathered, output)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,10 @@ megatron-core.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gyre_proxy.refengine import free_port
@@ -22,6 +20,7 @@ from gyre_train.exceptions import InvalidConfigError
 from gyre_train.logprobs import packed_token_logprobs
 from gyre_train.megatron_export import to_gpt2
 from gyre_train.streaming_run import SyntheticBatchConfig, synthetic_batch
+from tests.integration.train_stream.gloo import gloo_world
 
 pytestmark = [
     pytest.mark.skipif(
@@ -36,21 +35,12 @@ DATA = SyntheticBatchConfig(groups=1, executions=3, max_rows=2, vocab_size=128)
 
 
 def _megatron(rank: int, port: int, output: str) -> None:
-    import warnings
-
-    warnings.filterwarnings("ignore")  # Megatron warns about Apex and Transformer Engine.
     from gyre_train.backend_megatron import MegatronBackend
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        with MegatronBackend(SPEC) as backend:
-            steps, _ = synthetic_batch(2, 0, DATA)
-            logprobs = [backend.logprobs(s, grad=False) for s in steps]
-            torch.save({"state": backend.full_named_tensors(), "logprobs": logprobs}, output)
-    finally:
-        dist.destroy_process_group()
+    with gloo_world(rank, 1, port), MegatronBackend(SPEC) as backend:
+        steps, _ = synthetic_batch(2, 0, DATA)
+        logprobs = [backend.logprobs(s, grad=False) for s in steps]
+        torch.save({"state": backend.full_named_tensors(), "logprobs": logprobs}, output)
 
 
 def test_exported_gpt2_computes_megatrons_logprobs(tmp_path: Path) -> None:

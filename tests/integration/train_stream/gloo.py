@@ -1,0 +1,25 @@
+"""A gloo world for one spawned test process (Megatron tests run each world in fresh processes)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+
+@contextmanager
+def gloo_world(rank: int, world: int, port: int) -> Iterator[None]:
+    """Join a gloo world of `world` processes on 127.0.0.1:`port` as `rank`; leave it on exit."""
+    warnings.filterwarnings("ignore")  # Megatron warns about Apex and Transformer Engine.
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
