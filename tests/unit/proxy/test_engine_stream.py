@@ -83,8 +83,28 @@ def test_missing_logprobs_is_a_protocol_error() -> None:
 
 @pytest.mark.anyio
 async def test_sse_lines_stop_at_done() -> None:
-    async def lines() -> AsyncIterator[str]:
-        for line in ['data: {"a": 1}', "", ": comment", "data: [DONE]", 'data: {"late": 1}']:
-            yield line
+    body = b'data: {"a": 1}\r\n\n: comment\ndata: [DONE]\n\ndata: {"late": 1}\n\n'
+    for size in (1, 3, len(body)):
+        chunks = chunked([body[i : i + size] for i in range(0, len(body), size)])
+        assert [payload async for payload in iter_sse_data(chunks)] == [b'{"a": 1}']
+        # what follows [DONE] is left for the caller to read (and so reuse the connection)
+        rest = b"".join([piece async for piece in chunks])
+        assert body.endswith(rest) and (size > 1 or rest.startswith(b"\ndata: {"))
 
-    assert [payload async for payload in iter_sse_data(lines())] == ['{"a": 1}']
+
+@pytest.mark.anyio
+@given(
+    payloads=st.lists(st.text("ab {}:[]é", max_size=30), max_size=6),
+    cuts=st.lists(st.integers(0, 400), max_size=8),
+)
+async def test_sse_lines_survive_any_chunking(payloads: list[str], cuts: list[int]) -> None:
+    payloads = [p.strip() for p in payloads if p.strip() and p.strip() != "[DONE]"]
+    body = "".join(f"data: {p}\n\n" for p in payloads).encode()
+    bounds = sorted({0, *[c for c in cuts if c < len(body)], len(body)})
+    chunks = chunked([body[a:b] for a, b in itertools.pairwise(bounds)])
+    assert [p async for p in iter_sse_data(chunks)] == [p.encode() for p in payloads]
+
+
+async def chunked(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
