@@ -80,15 +80,23 @@ def subscribe(
     batch: int = 1000,
     poll_s: float = 1.0,
     stop_after_idle_s: float | None = None,
+    min_interval_s: float = 0.0,
 ) -> Iterator[list[RecordedEvent]]:
     """Yield batches of new events forever (or until idle for ``stop_after_idle_s``).
 
     A wake-up only prompts a re-read from the last position seen; the poll timeout covers
     a lost notification. The caller persists the last position it handled and passes it
-    back as ``after`` to resume.
+    back as ``after`` to resume. ``min_interval_s`` spaces the reads: a subscriber to rare
+    events in a busy log (every append wakes it) then reads at most once per interval, at
+    the cost of seeing its events up to that much later.
     """
     idle_since = time.monotonic()
+    read_at = float("-inf")
     while True:
+        pause = read_at + min_interval_s - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        read_at = time.monotonic()
         # Read up to a head taken first: every position up to it is committed, so a
         # filtered read that finds nothing may safely move the cursor to it.
         end = log.head()

@@ -118,7 +118,12 @@ def run_serve(args: argparse.Namespace) -> int:
         # Follow the scheduler's routing decisions while serving.
         def follow() -> None:
             after = 0
-            for batch in subscribe(opened.log, after, types=["engine.routing_changed"], poll_s=1.0):
+            # Every record the proxy writes wakes this reader; routing changes are rare, so it
+            # reads at most every 100 ms instead of once per append.
+            routing = subscribe(
+                opened.log, after, types=["engine.routing_changed"], poll_s=1.0, min_interval_s=0.1
+            )
+            for batch in routing:
                 for ev in batch:
                     service.router.apply(ev)
                 if stop.is_set():

@@ -6,8 +6,10 @@ storage, where the implementation has one).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -29,7 +31,7 @@ from gyre_store import (
     iterate,
     subscribe,
 )
-from gyre_store.events import Event
+from gyre_store.events import Event, RecordedEvent
 
 
 def dispatched(eid: str, run: str = "r1", group: str = "g1") -> ExecutionDispatched:
@@ -197,6 +199,39 @@ class EventLogContract:
             for e in b
         ]
         assert got == [5]
+
+    def test_a_spaced_subscription_reads_at_most_once_per_interval(self, log: EventLog) -> None:
+        reads: list[float] = []
+        original = log.read
+
+        subscriber = threading.current_thread()
+
+        def counting_read(*args: Any, **kwargs: Any) -> list[RecordedEvent]:
+            if threading.current_thread() is subscriber:  # not the writer's own reads
+                reads.append(time.monotonic())
+            return original(*args, **kwargs)
+
+        def writer() -> None:
+            for i in range(20):  # an append every 10 ms for 200 ms
+                log.append([NewEvent(dispatched(f"w{i}"))])
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=writer)
+        log.read = counting_read  # type: ignore[method-assign]
+        try:
+            thread.start()
+            got = [
+                e.position
+                for b in subscribe(log, 0, poll_s=0.05, stop_after_idle_s=0.3, min_interval_s=0.1)
+                for e in b
+            ]
+        finally:
+            thread.join()
+            del log.read
+        assert got == list(range(1, 21))  # nothing lost
+        gaps = [round(b - a, 4) for a, b in itertools.pairwise(reads)]
+        assert min(gaps) >= 0.05, gaps  # ~0.1 s; unspaced, every 10 ms append would wake a read
+        assert len(reads) <= 10  # 20 appends in 200 ms and 300 ms idle: at most one read per 100 ms
 
     def test_bodies_are_stored_as_plain_json(self, log: EventLog) -> None:
         log.append([NewEvent(dispatched("e1"))])
