@@ -9,6 +9,7 @@ what makes a history the harness re-serialized still match the stored one.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Iterable, Sequence
 
@@ -94,8 +95,11 @@ class ChatResponse(msgspec.Struct, frozen=True, kw_only=True):
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
+@functools.lru_cache(maxsize=8192)
 def _canonical_json(raw: str) -> str:
-    """JSON text in one canonical form (sorted keys, no spaces); unparsable text as is."""
+    """JSON text in one canonical form (sorted keys, no spaces); unparsable text as is.
+
+    Cached: a history sends the same tool inputs back on every request."""
     try:
         return _encoder.encode(msgspec.json.decode(raw)).decode()
     except msgspec.DecodeError:
@@ -109,7 +113,7 @@ def canonical(message: Message) -> bytes:
     tokens of a matched output keep it anyway. Tool inputs are compared as canonical
     JSON so reordered keys or re-spaced JSON still match.
     """
-    parts: list[object] = [message.role.value]
+    parts: list[object] = [message.role]  # a StrEnum: encoded as its value
     for b in message.blocks:
         if isinstance(b, TextBlock):
             if b.text:
