@@ -61,7 +61,10 @@ def _assert_updates_equal(output: Path, reference: Sequence[torch.Tensor]) -> No
         got = torch.load(output / f"params-v{version}.pt")
         moved = float((expected - initial).abs().max())
         assert moved > 1e-3  # the update is not trivially zero
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        # Cells sum the same micro-steps in another order. AdamW's step is about
+        # lr * g / (sqrt(v) + eps), so where |g| is near eps a 1e-9 reordering difference
+        # becomes ~1e-6 (1.2e-6 seen once); 1e-5 is still 100x below the smallest check above.
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         initial = expected
 
 
