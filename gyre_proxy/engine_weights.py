@@ -14,11 +14,12 @@ store layout was checked against a real SGLang 0.5.23 server.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import datetime
 import io
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -175,3 +176,33 @@ class WeightUpdateGroup:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+async def open_weight_update_group(
+    joins: Awaitable[object],
+    *,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    group_name: str,
+    timeout_s: float = 60.0,
+) -> WeightUpdateGroup:
+    """Open the trainer's end (rank 0) of a group while `joins` (the engines'
+    ``/init_weights_update_group`` calls) run; returns it once every rank is in.
+
+    Rank 0 must listen while the engines join: SGLang's scheduler blocks on the join until
+    every rank is in, so the trainer's end cannot wait for their answers first.
+    """
+    trainer, _ = await asyncio.gather(
+        asyncio.to_thread(
+            WeightUpdateGroup,
+            master_address=master_address,
+            master_port=master_port,
+            rank=0,
+            world_size=world_size,
+            group_name=group_name,
+            timeout_s=timeout_s,
+        ),
+        joins,
+    )
+    return trainer

@@ -233,7 +233,7 @@ class EnginePublisher:
 
     def _open_group(self) -> _Group:
         from gyre_proxy.engine_api import InitWeightsUpdateGroupRequest
-        from gyre_proxy.engine_weights import WeightUpdateGroup
+        from gyre_proxy.engine_weights import open_weight_update_group
         from gyre_proxy.refengine import free_port
 
         c = self._config
@@ -253,24 +253,13 @@ class EnginePublisher:
             )
             return client.init_weights_update_group(body)
 
-        def trainer_end() -> WeightUpdateGroup:
-            return WeightUpdateGroup(
-                master_address=c.master_address,
-                master_port=port,
-                rank=0,
-                world_size=world_size,
-                group_name=name,
-                timeout_s=c.timeout_s,
-            )
-
-        async def open_all() -> WeightUpdateGroup:
-            # Rank 0 listens while the engines join: SGLang's scheduler blocks on the join
-            # until every rank is in, so the trainer's end must not wait for their answers.
-            trainer, _ = await asyncio.gather(asyncio.to_thread(trainer_end), self._all_engines(join))
-            return trainer
-
         try:
-            trainer = asyncio.run(open_all())
+            trainer = asyncio.run(
+                open_weight_update_group(
+                    self._all_engines(join), master_address=c.master_address, master_port=port,
+                    world_size=world_size, group_name=name, timeout_s=c.timeout_s,
+                )
+            )  # fmt: skip
         except RuntimeError as exc:  # torch.distributed's store and gloo errors
             raise PublicationError(f"cannot open the broadcast group {name}: {exc}") from exc
         self._group = _Group(name, trainer)

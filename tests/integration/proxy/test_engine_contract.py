@@ -31,8 +31,8 @@ from gyre_proxy import (
 )
 from gyre_proxy.engine_api import InitWeightsUpdateGroupRequest, UpdateWeightsFromTensorRequest
 from gyre_proxy.engine_weights import (
-    WeightUpdateGroup,
     distributed_request,
+    open_weight_update_group,
     serialize_for_sglang,
     serialize_safetensors,
     sglang_tensor_payload,
@@ -297,19 +297,10 @@ async def test_update_weights_from_distributed_changes_logprobs_and_version(targ
         master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, group_name=group_name
     )
     async with client(target) as engine:
-        # Rank 0 (the trainer) listens in a thread while the engine joins.
-        trainer, _ = await asyncio.gather(
-            asyncio.to_thread(
-                WeightUpdateGroup,
-                master_address="127.0.0.1",
-                master_port=port,
-                rank=0,
-                world_size=2,
-                group_name=group_name,
-                timeout_s=30,
-            ),
-            engine.init_weights_update_group(init),
-        )
+        trainer = await open_weight_update_group(
+            engine.init_weights_update_group(init), master_address="127.0.0.1", master_port=port,
+            world_size=2, group_name=group_name, timeout_s=30,
+        )  # fmt: skip
         try:
             with trainer:
 

@@ -26,8 +26,8 @@ from gyre_proxy.engine_api import (
 )
 from gyre_proxy.engine_weights import (
     GYRE_SAFETENSORS_FORMAT,
-    WeightUpdateGroup,
     dtype_name,
+    open_weight_update_group,
     serialize_for_sglang,
     serialize_safetensors,
 )
@@ -119,17 +119,10 @@ async def test_update_weights_from_distributed_over_gloo(server: ReferenceEngine
         init = InitWeightsUpdateGroupRequest(
             master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, group_name="g-test"
         )
-        trainer, _ = await asyncio.gather(
-            asyncio.to_thread(
-                WeightUpdateGroup,
-                master_address="127.0.0.1",
-                master_port=port,
-                rank=0,
-                world_size=2,
-                group_name="g-test",
-            ),
-            engine.init_weights_update_group(init),
-        )
+        trainer = await open_weight_update_group(
+            engine.init_weights_update_group(init), master_address="127.0.0.1", master_port=port,
+            world_size=2, group_name="g-test",
+        )  # fmt: skip
         with trainer:
 
             async def publish(tensors: dict[str, torch.Tensor], version: str) -> None:
