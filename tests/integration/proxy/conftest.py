@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
+import openai
 import pytest
 import torch
 
@@ -89,3 +91,20 @@ def target(request: pytest.FixtureRequest) -> EngineTarget:
     name = "reference_target" if request.param == "reference" else "sglang_target"
     value: EngineTarget = request.getfixturevalue(name)
     return value
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """SDK clients keep pooled connections open: close every one a test made."""
+    made: list[anthropic.Anthropic | openai.OpenAI] = []
+    for cls in (anthropic.Anthropic, openai.OpenAI):
+        original = cls.__init__
+
+        def init(self: object, *a: object, _orig: object = original, **k: object) -> None:
+            _orig(self, *a, **k)  # type: ignore[operator]
+            made.append(self)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(cls, "__init__", init)
+    yield
+    for client in made:
+        client.close()

@@ -34,23 +34,6 @@ def script(tmp: Path, outputs: list[str]) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _close_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """SDK clients keep pooled connections open: close every one a test made."""
-    made: list[anthropic.Anthropic | openai.OpenAI] = []
-    for cls in (anthropic.Anthropic, openai.OpenAI):
-        original = cls.__init__
-
-        def init(self: object, *a: object, _orig: object = original, **k: object) -> None:
-            _orig(self, *a, **k)  # type: ignore[operator]
-            made.append(self)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(cls, "__init__", init)
-    yield
-    for client in made:
-        client.close()
-
-
 @pytest.fixture
 def engines(tmp_path: Path) -> Iterator[list[ReferenceEngineServer]]:
     # Two identical engines (same seed, same script) so an answer can move between them.

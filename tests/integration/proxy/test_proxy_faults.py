@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
-import openai
 import pytest
 
 from gyre_proxy.keys import issue_key
@@ -18,23 +17,6 @@ from gyre_proxy.service import ProxyConfig, ProxyService
 from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig, migrate
 from gyre_store.events import StreamId
 from tests import pgcluster
-
-
-@pytest.fixture(autouse=True)
-def _close_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """SDK clients keep pooled connections open: close every one a test made."""
-    made: list[anthropic.Anthropic | openai.OpenAI] = []
-    for cls in (anthropic.Anthropic, openai.OpenAI):
-        original = cls.__init__
-
-        def init(self: object, *a: object, _orig: object = original, **k: object) -> None:
-            _orig(self, *a, **k)  # type: ignore[operator]
-            made.append(self)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(cls, "__init__", init)
-    yield
-    for client in made:
-        client.close()
 
 
 @pytest.fixture
