@@ -284,18 +284,11 @@ class EvaluationRunner:
         try:
             raw = self._evaluator.evaluate(state)
             result = check_result(raw, self._config, [a.artifact_version for a in facts.artifacts])
-        except InvalidEvaluationError as exc:
-            event = EvaluationFailed(
-                evaluation_id=evaluation_id,
-                execution_id=state.execution_id,
-                run_id=state.run_id,
-                attempt=attempt,
-                evaluator=name,
-                artifact_version=state.artifact_version,
-                kind=exc.kind,
-                detail=str(exc)[:2000],
-            )
         except Exception as exc:  # an evaluator is plug-in code: any failure leaves it pending
+            if isinstance(exc, InvalidEvaluationError):
+                kind, detail = exc.kind, str(exc)
+            else:
+                kind, detail = EvaluationErrorKind.EVALUATOR_ERROR, f"{type(exc).__name__}: {exc}"
             event = EvaluationFailed(
                 evaluation_id=evaluation_id,
                 execution_id=state.execution_id,
@@ -303,8 +296,8 @@ class EvaluationRunner:
                 attempt=attempt,
                 evaluator=name,
                 artifact_version=state.artifact_version,
-                kind=EvaluationErrorKind.EVALUATOR_ERROR,
-                detail=f"{type(exc).__name__}: {exc}"[:2000],
+                kind=kind,
+                detail=detail[:2000],
             )
         else:
             evaluated = next(a for a in facts.artifacts if a.artifact_version == result.artifact_version)
