@@ -8,7 +8,6 @@ Ties in time resolve by insertion order, so a seed fixes the whole run.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,11 +32,11 @@ from gyre_sched.inputs import (
 from gyre_sched.results import SimResult, TransitionRecord, WaterlevelSample
 from gyre_sched.trainer import (
     BroadcastDone,
+    EventQueue,
     MicrostepDone,
     PublishDone,
     ReadyPool,
     Scheduled,
-    SimEvent,
     Trainer,
     UpdateDone,
 )
@@ -141,16 +140,9 @@ def simulate(
     initial = [c for c, role in enumerate(core.state().roles) if role.value == "train"]
     trainer = Trainer(sched, cluster, pool, initial)
     world = SimCluster(sched, cluster, workload, np.random.default_rng(seed), pool, trainer)
-    heap: list[tuple[float, int, SimEvent]] = []
-    seq = 0
+    heap = EventQueue()
 
-    def push(items: list[Scheduled]) -> None:
-        nonlocal seq
-        for at, event in items:
-            heapq.heappush(heap, (at, seq, event))
-            seq += 1
-
-    push([(0.0, RunStarted(0.0)), *trainer.open_batch(0.0)])
+    heap.push([(0.0, RunStarted(0.0)), *trainer.open_batch(0.0)])
     log: list[LogEntry] = []
     finished_in_group: dict[int, int] = {}
     step_end: list[float] = []
@@ -163,22 +155,22 @@ def simulate(
     n = sched.group_size
 
     while heap and len(step_end) < steps:
-        now, _, event = heapq.heappop(heap)
+        now, event = heap.pop()
         world.now = now
         if isinstance(event, MicrostepDone):
-            push(trainer.microstep_done(event.cell, now))
+            heap.push(trainer.microstep_done(event.cell, now))
             continue
         if isinstance(event, UpdateDone):
-            push(trainer.update_done(now))
+            heap.push(trainer.update_done(now))
             step_end.append(now)
             if on_step is not None:
                 on_step(len(step_end))
             continue
         if isinstance(event, PublishDone):
-            push(trainer.publish_done(now))
+            heap.push(trainer.publish_done(now))
             continue
         if isinstance(event, BroadcastDone):
-            push(trainer.broadcast_done(now))
+            heap.push(trainer.broadcast_done(now))
             continue
         inputs += 1
         decisions = core.handle(event)
@@ -186,7 +178,7 @@ def simulate(
             log.append(LogEntry(event, decisions))
         world.pending = []
         carry_out(decisions, world)
-        push(world.pending)
+        heap.push(world.pending)
         for decision in decisions:
             if isinstance(decision, BeginTransition):
                 transitions[decision.cell] = len(records)
@@ -204,9 +196,9 @@ def simulate(
                 if finished_in_group[group] == n:
                     del finished_in_group[group]
                     pool.mark_ready(group)
-                    push([(now, GroupReady(now, group))])
+                    heap.push([(now, GroupReady(now, group))])
             case GroupReady():
-                push(trainer.pump(now))
+                heap.push(trainer.pump(now))
             case GroupClaimed(group=group, step=step):
                 staleness.append(step - world.version_of.pop(group))
             case TransitionDone(cell=cell):
@@ -216,7 +208,7 @@ def simulate(
                     done.at_s, now, done.cell, done.direction, done.w, done.c_r, done.c_e
                 )
                 if done.direction is Direction.TO_TRAIN and core.state().roles[cell].value == "train":
-                    push(trainer.add_member(cell, now))
+                    heap.push(trainer.add_member(cell, now))
         state = core.state()
         sample = (
             state.counters.waterlevel,

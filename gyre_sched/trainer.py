@@ -48,6 +48,26 @@ SimEvent = Input | MicrostepDone | UpdateDone | BroadcastDone | PublishDone
 Scheduled = tuple[float, SimEvent]
 
 
+class EventQueue:
+    """Timed events in time order; events at the same time come out in the order pushed."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, SimEvent]] = []
+        self._seq = 0
+
+    def push(self, items: Iterable[Scheduled]) -> None:
+        for at, event in items:
+            heapq.heappush(self._heap, (at, self._seq, event))
+            self._seq += 1
+
+    def pop(self) -> Scheduled:
+        at, _, event = heapq.heappop(self._heap)
+        return at, event
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+
 @dataclass
 class _Wave:
     version: int

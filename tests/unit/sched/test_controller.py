@@ -3,7 +3,6 @@ controller reacts through its sink. ``drive`` is also used by the PostgreSQL tes
 
 from __future__ import annotations
 
-import heapq
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,11 +40,10 @@ from gyre_sched.store_events import (
 from gyre_sched.testing import RecordingSink
 from gyre_sched.trainer import (
     BroadcastDone,
+    EventQueue,
     MicrostepDone,
     PublishDone,
     ReadyPool,
-    Scheduled,
-    SimEvent,
     Trainer,
     UpdateDone,
 )
@@ -194,35 +192,28 @@ def drive(
     sim = SimCluster(cfg, cluster, WORKLOADS["nl2repo-122b"], np.random.default_rng(seed), pool, trainer)
     world = StoreWorld(log, sim, fail_on=fail_on)
     controller = Controller(log, cfg, world, RUN, clock=clock)
-    heap: list[tuple[float, int, SimEvent]] = []
-    seq = 0
+    heap = EventQueue()
     restarts = 0
 
-    def push(items: list[Scheduled]) -> None:
-        nonlocal seq
-        for at, event in items:
-            heapq.heappush(heap, (at, seq, event))
-            seq += 1
-
-    push([(0.0, RunStarted(0.0)), *trainer.open_batch(0.0)])
+    heap.push([(0.0, RunStarted(0.0)), *trainer.open_batch(0.0)])
     finished_in_group: dict[int, int] = {}
     done_steps = iteration = 0
     n = cfg.group_size
     while heap and done_steps < steps:
-        now, _, event = heapq.heappop(heap)
+        now, event = heap.pop()
         clock.t = sim.now = now
         if isinstance(event, MicrostepDone):
-            push(trainer.microstep_done(event.cell, now))
+            heap.push(trainer.microstep_done(event.cell, now))
             continue
         if isinstance(event, UpdateDone):
-            push(trainer.update_done(now))
+            heap.push(trainer.update_done(now))
             done_steps += 1
             continue
         if isinstance(event, PublishDone):
-            push(trainer.publish_done(now))
+            heap.push(trainer.publish_done(now))
             continue
         if isinstance(event, BroadcastDone):
-            push(trainer.broadcast_done(now))
+            heap.push(trainer.broadcast_done(now))
             continue
         iteration += 1
         if isinstance(event, RunStarted):
@@ -253,7 +244,7 @@ def drive(
             controller = Controller(log, cfg, world, RUN, clock=clock)  # the crashed one is gone
             restarts += 1
             controller.run_once()
-        push(sim.pending)
+        heap.push(sim.pending)
         if on_iteration is not None:
             on_iteration(iteration, log)
         match event:
@@ -263,12 +254,12 @@ def drive(
                 if finished_in_group[group] == n:
                     del finished_in_group[group]
                     pool.mark_ready(group)
-                    push([(now, GroupReady(now, group))])
+                    heap.push([(now, GroupReady(now, group))])
             case GroupReady():
-                push(trainer.pump(now))
+                heap.push(trainer.pump(now))
             case TransitionDone(cell=cell):
                 if controller.state().roles[cell].value == "train":
-                    push(trainer.add_member(cell, now))
+                    heap.push(trainer.add_member(cell, now))
             case _:
                 pass
     return Driven(log, world, controller, restarts)
