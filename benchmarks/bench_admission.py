@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gyre_train import AdmissionConfig, AdmissionTree, admit
-from gyre_train.testing import synthetic_execution
+from gyre_train.trajectories.testing import synthetic_execution
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

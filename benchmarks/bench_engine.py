@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from gyre_proxy import EngineClient, EngineClientConfig, SamplingConfig
-from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines import EngineClient, EngineClientConfig, SamplingConfig
+from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
 
 
 def prompts(count: int, length: int) -> list[list[int]]:

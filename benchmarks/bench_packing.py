@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from gyre_train import BatchPacker, PackingConfig
-from gyre_train.testing import InMemoryGroupSource, synthetic_group
+from gyre_train.trajectories.testing import InMemoryGroupSource, synthetic_group
 
 
 def pad_to_longest(lengths: list[int], budget: int) -> tuple[int, int]:

@@ -53,7 +53,7 @@ def instant_engine(port: int) -> None:
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    from gyre_proxy.text_tokenizer import qwen_tokenizer
+    from gyre_proxy.engines.tokenizer import qwen_tokenizer
 
     tok = qwen_tokenizer()
     ids = [*tok.encode("OK."), tok.special("<|im_end|>")]
@@ -211,14 +211,14 @@ def add_rows(table: Table, mode: str, arm: Arm, *, target: bool) -> None:
 
 
 def bench_incremental() -> tuple[float, float, int]:
-    from gyre_proxy.chat_template import Qwen3Template
-    from gyre_proxy.harness import GenericHarness
-    from gyre_proxy.ingest import Ingestor
-    from gyre_proxy.messages import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
-    from gyre_proxy.text_tokenizer import qwen_tokenizer
-    from gyre_proxy.tracegen import WORDS
+    from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
+    from gyre_proxy.engines.tokenizer import qwen_tokenizer
+    from gyre_proxy.ingest.chat_template import Qwen3Template
+    from gyre_proxy.ingest.harnesses import GenericHarness
+    from gyre_proxy.ingest.ingestor import Ingestor
+    from gyre_proxy.ingest.tracegen import WORDS
     from gyre_store import InMemoryEventLog
-    from gyre_store.recorder import ExecutionContext, TrajectoryRecorder
+    from gyre_store.trees.recorder import ExecutionContext, TrajectoryRecorder
 
     rng = np.random.default_rng(0)
     words = np.array(WORDS)
@@ -240,7 +240,7 @@ def bench_incremental() -> tuple[float, float, int]:
         if prepared.encoded.input_len > 100_000:
             break
     request = ChatRequest(system="sys", messages=tuple(history))
-    from gyre_proxy.incremental import encode_request
+    from gyre_proxy.ingest.incremental import encode_request
 
     ctx = ing.recorder.context("ex")
     reps = 5
@@ -259,7 +259,7 @@ def bench_incremental() -> tuple[float, float, int]:
 
 
 def _stop():  # type: ignore[no-untyped-def]
-    from gyre_store.tito import CallFinish
+    from gyre_store.catalog.tito import CallFinish
 
     return CallFinish.STOP
 
@@ -299,24 +299,24 @@ def main() -> int:
     try:
         wait_for(f"http://127.0.0.1:{eport}/health")
         subprocess.run(
-            [sys.executable, "-m", "tools.cli", "db", "upgrade"],
+            [sys.executable, "-m", "gyre_tools.cli", "db", "upgrade"],
             env=env,
             check=True,
             cwd=ROOT,
             capture_output=True,
         )
         proxy = subprocess.Popen(
-            [sys.executable, "-m", "tools.cli", "proxy", "serve", "--engine", f"e0=http://127.0.0.1:{eport}", "--port", str(pport), "--harness", "generic"],
+            [sys.executable, "-m", "gyre_tools.cli", "proxy", "serve", "--engine", f"e0=http://127.0.0.1:{eport}", "--port", str(pport), "--harness", "generic"],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         wait_for(f"http://127.0.0.1:{pport}/health")
         keys = []
         for i in range(args.clients):
-            out = subprocess.run([sys.executable, "-m", "tools.cli", "executions", "new", "--json", "--run-id", "bench", "--execution-id", f"b{i}"],
+            out = subprocess.run([sys.executable, "-m", "gyre_tools.cli", "executions", "new", "--json", "--run-id", "bench", "--execution-id", f"b{i}"],
                                  env=env, cwd=ROOT, capture_output=True, text=True, check=True) if i < 1 else None  # fmt: skip
             keys.append(json.loads(out.stdout)["api_key"] if out else None)
         # one key per client, issued through the library (a CLI process each would take minutes)
-        from gyre_proxy.keys import issue_key
+        from gyre_proxy.service.keys import issue_key
         from gyre_store import PostgresEventLog, StoreConfig
 
         with PostgresEventLog(StoreConfig(db)) as log:

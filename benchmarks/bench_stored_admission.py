@@ -15,15 +15,15 @@ import statistics
 import time
 from collections.abc import Callable
 
-from gyre_proxy.chat_template import Qwen3Template
-from gyre_proxy.harness import ClaudeCodeHarness
-from gyre_proxy.ingest import Ingestor
-from gyre_proxy.text_tokenizer import qwen_tokenizer
-from gyre_proxy.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.engines.tokenizer import qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
+from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
-from gyre_store.recorder import TrajectoryRecorder
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees.view import TreeView
 from gyre_train import (
     PAPER_FB_FRACTION,
     AblationSetting,

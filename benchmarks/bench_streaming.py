@@ -19,7 +19,7 @@ import uuid
 
 import redis
 
-from gyre_proxy.refengine import free_port
+from gyre_proxy.engines.refengine import free_port
 from gyre_train import (
     TINY_QWEN3,
     BurstPlan,
@@ -39,8 +39,8 @@ from gyre_train import (
     synthetic_batch,
     train_batch_locally,
 )
-from gyre_train.packing import MicroStep
-from gyre_train.wire import ExecutionTotals
+from gyre_train.cells.wire import ExecutionTotals
+from gyre_train.trajectories.packing import MicroStep
 
 Batch = tuple[list[MicroStep], tuple[ExecutionTotals, ...]]
 

@@ -28,25 +28,19 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gyre_proxy.chat_template import Qwen3Template, Rendered
-from gyre_proxy.harness import ClaudeCodeHarness
-from gyre_proxy.incremental import full_messages
-from gyre_proxy.ingest import Ingestor, Prepared
-from gyre_proxy.messages import ChatRequest
-from gyre_proxy.text_tokenizer import qwen_tokenizer
-from gyre_proxy.tracegen import TraceConfig, TraceGenerator
-from gyre_store import (
-    InMemoryEventLog,
-    PostgresEventLog,
-    PostgresProjectionStore,
-    StoreConfig,
-    catch_up,
-    migrate,
-)
-from gyre_store.recorder import TrajectoryRecorder
-from gyre_store.tito import TitoArrays
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_proxy.chat.messages import ChatRequest
+from gyre_proxy.engines.tokenizer import qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
+from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
+from gyre_proxy.ingest.incremental import full_messages
+from gyre_proxy.ingest.ingestor import Ingestor, Prepared
+from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+from gyre_store import InMemoryEventLog, PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
+from gyre_store.catalog.tito import TitoArrays
+from gyre_store.db import migrate
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees.view import TreeView
 
 console = Console()
 
@@ -257,9 +251,9 @@ class _NullIngestor(Ingestor):
         super().__init__(TrajectoryRecorder(InMemoryEventLog()), template, ClaudeCodeHarness())
 
     def prepare(self, execution_id: str, run_id: str, request: ChatRequest) -> Prepared:
-        from gyre_proxy.harness import CallTraits
-        from gyre_proxy.incremental import EncodedRequest
-        from gyre_store.tito import AgentKind, CallPurpose
+        from gyre_proxy.ingest.harnesses import CallTraits
+        from gyre_proxy.ingest.incremental import EncodedRequest
+        from gyre_store.catalog.tito import AgentKind, CallPurpose
 
         z = np.zeros(0, np.int32)
         enc = EncodedRequest(None, z, np.zeros(0, np.uint8), z, np.zeros(0, np.uint32), (), (), b"", "", 0)

@@ -6,8 +6,8 @@ simulator, a replay of the event log and the live controller all drive that one 
 
 from __future__ import annotations
 
-from gyre_sched.cluster import ClusterConfig
-from gyre_sched.codec import (
+from gyre_sched.config import PolicyKind, SchedConfig, dispatch_params, mean_staleness
+from gyre_sched.decision.codec import (
     LogEntry,
     decision_from_dict,
     decode_decision,
@@ -18,20 +18,9 @@ from gyre_sched.codec import (
     input_from_dict,
     to_dict,
 )
-from gyre_sched.commands import CommandSink, carry_out
-from gyre_sched.config import PolicyKind, SchedConfig, dispatch_params, mean_staleness
-from gyre_sched.controller import (
-    Clock,
-    Command,
-    ConfigMismatchError,
-    Controller,
-    ControllerConflictError,
-    ReplayDivergedError,
-    plan_commands,
-)
-from gyre_sched.core import CoreState, SchedulerCore, run_core
-from gyre_sched.counters import Counters
-from gyre_sched.decisions import (
+from gyre_sched.decision.commands import CommandSink, carry_out
+from gyre_sched.decision.counters import Counters
+from gyre_sched.decision.decisions import (
     POOL,
     BeginTransition,
     CoreAtBurstEnd,
@@ -42,6 +31,31 @@ from gyre_sched.decisions import (
     RequestTick,
     Reroute,
     StartExecutions,
+)
+from gyre_sched.decision.destinations import assign, destination_order
+from gyre_sched.decision.inputs import (
+    BatchClosed,
+    BatchStarted,
+    ClockTick,
+    ExecutionFinished,
+    GroupClaimed,
+    GroupReady,
+    Input,
+    Outcome,
+    RunStarted,
+    TransitionDone,
+    WeightsPublished,
+)
+from gyre_sched.decision.invariants import Violation, ViolationKind, check_log
+from gyre_sched.decision.ledger import core_may_stay, may_join, rollout_capacity, startable, supply
+from gyre_sched.decision.machine import CoreState, SchedulerCore, run_core
+from gyre_sched.decision.policy import (
+    AsyncPolicy,
+    CellRole,
+    ColocatePolicy,
+    ElasticPolicy,
+    Policy,
+    policy_for,
 )
 from gyre_sched.exceptions import (
     CapacityBelowBatchError,
@@ -57,39 +71,16 @@ from gyre_sched.exceptions import (
     WorkloadError,
     WorkloadFileError,
 )
-from gyre_sched.inputs import (
-    BatchClosed,
-    BatchStarted,
-    ClockTick,
-    ExecutionFinished,
-    GroupClaimed,
-    GroupReady,
-    Input,
-    Outcome,
-    RunStarted,
-    TransitionDone,
-    WeightsPublished,
+from gyre_sched.live.controller import (
+    Clock,
+    Command,
+    ConfigMismatchError,
+    Controller,
+    ControllerConflictError,
+    ReplayDivergedError,
+    plan_commands,
 )
-from gyre_sched.invariants import Violation, ViolationKind, check_log
-from gyre_sched.ledger import core_may_stay, may_join, rollout_capacity, startable, supply
-from gyre_sched.policy import AsyncPolicy, CellRole, ColocatePolicy, ElasticPolicy, Policy, policy_for
-from gyre_sched.presets import PRESETS, WORKLOADS, Preset, get_preset
-from gyre_sched.replay import (
-    DecisionDiff,
-    DiffKind,
-    Disagreement,
-    NoRecordedRunError,
-    RecordedRun,
-    ReplayReport,
-    check_lifecycle,
-    compare,
-    load_run,
-    replay_run,
-)
-from gyre_sched.results import SimResult, TransitionRecord, cumulative_speedup
-from gyre_sched.routing import assign, destination_order
-from gyre_sched.simulator import SimRun, simulate
-from gyre_sched.store_events import (
+from gyre_sched.live.events import (
     FACT_TYPES,
     ProtocolStep,
     SchedConfigured,
@@ -102,15 +93,31 @@ from gyre_sched.store_events import (
     input_of,
     sched_stream,
 )
-from gyre_sched.workload import (
+from gyre_sched.live.replay import (
+    DecisionDiff,
+    DiffKind,
+    Disagreement,
+    NoRecordedRunError,
+    RecordedRun,
+    ReplayReport,
+    check_lifecycle,
+    compare,
+    load_run,
+    replay_run,
+)
+from gyre_sched.sim.cluster import ClusterConfig
+from gyre_sched.sim.presets import PRESETS, WORKLOADS, Preset, get_preset
+from gyre_sched.sim.results import SimResult, TransitionRecord, cumulative_speedup
+from gyre_sched.sim.simulator import SimRun, simulate
+from gyre_sched.sim.workload import (
     CeilingLogNormal,
     EmpiricalWorkload,
     GroupSample,
     WorkloadModel,
     workload_stats,
 )
-from gyre_sched.workload_file import load_workload, parse_workload
-from gyre_sched.workload_store import workload_from_run
+from gyre_sched.sim.workload_file import load_workload, parse_workload
+from gyre_sched.sim.workload_store import workload_from_run
 
 __all__ = [
     "FACT_TYPES",

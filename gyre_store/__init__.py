@@ -6,21 +6,8 @@ everything else in gyre reads and writes through these names.
 
 from __future__ import annotations
 
-from . import training_events  # noqa: F401  (registers the train.* event types)
-from .catalog import (
-    REGISTRY,
-    CellRole,
-    CellRoleChanged,
-    ExecutionDispatched,
-    ExecutionFinished,
-    ExecutionStarted,
-    FinishReason,
-    GroupDispatched,
-    RunStarted,
-    WeightsPublished,
-)
-from .config import RetryPolicy, StoreConfig
-from .evaluation import (
+from gyre_store.catalog import training as training_events  # noqa: F401  (registers the train.* event types)
+from gyre_store.catalog.evaluation import (
     ArtifactPreserved,
     EvaluationErrorKind,
     EvaluationFailed,
@@ -35,17 +22,20 @@ from .evaluation import (
     new_outcome,
     outcome_key,
 )
-from .events import (
-    AppendResult,
-    Event,
-    EventMetadata,
-    EventRegistry,
-    Limits,
-    NewEvent,
-    RecordedEvent,
-    StreamId,
+from gyre_store.catalog.run import (
+    REGISTRY,
+    CellRole,
+    CellRoleChanged,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionStarted,
+    FinishReason,
+    GroupDispatched,
+    RunStarted,
+    WeightsPublished,
 )
-from .exceptions import (
+from gyre_store.config import RetryPolicy, StoreConfig
+from gyre_store.exceptions import (
     ConfigError,
     EventValidationError,
     GyreStoreError,
@@ -57,20 +47,37 @@ from .exceptions import (
     UnknownEventType,
     UnknownProjection,
 )
-from .group_projections import (
+from gyre_store.log.events import (
+    AppendResult,
+    Event,
+    EventMetadata,
+    EventRegistry,
+    Limits,
+    NewEvent,
+    RecordedEvent,
+    StreamId,
+)
+from gyre_store.log.interface import EventLog, iterate, subscribe
+from gyre_store.log.payload import Payload
+from gyre_store.log.postgres import PostgresEventLog
+from gyre_store.projections.base import (
+    Projection,
+    ProjectionSet,
+    ProjectionStore,
+    RowStore,
+    catch_up,
+    rebuild,
+)
+from gyre_store.projections.groups import (
     EvaluationsProjection,
     GroupsProjection,
     GroupStatus,
     OutcomeStatus,
     evaluation_projections,
 )
-from .log import EventLog, iterate, subscribe
-from .payload import Payload
-from .pg_projections import PostgresProjectionStore
-from .postgres import PostgresEventLog
-from .projections import Projection, ProjectionSet, ProjectionStore, RowStore, catch_up, rebuild
-from .run_projections import lifecycle_projections
-from .testing import InMemoryEventLog, InMemoryProjectionStore
+from gyre_store.projections.lifecycle import lifecycle_projections
+from gyre_store.projections.postgres import PostgresProjectionStore
+from gyre_store.testing import InMemoryEventLog, InMemoryProjectionStore
 
 __all__ = [
     "REGISTRY",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import Limits
-from .exceptions import ConfigError
+from gyre_store.exceptions import ConfigError
+from gyre_store.log.events import Limits
 
 
 @dataclass(frozen=True, slots=True)

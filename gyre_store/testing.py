@@ -13,14 +13,22 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from .catalog import REGISTRY
-from .events import AppendResult, EventRegistry, Limits, NewEvent, RecordedEvent, StreamId, plan_append
-from .payload import Payload
-from .projections import Key, Row, RowStore
+from gyre_store.catalog.run import REGISTRY
+from gyre_store.log.events import (
+    AppendResult,
+    EventRegistry,
+    Limits,
+    NewEvent,
+    RecordedEvent,
+    StreamId,
+    plan_append,
+)
+from gyre_store.log.payload import Payload
+from gyre_store.projections.base import Key, Row, RowStore
 
 
 class InMemoryEventLog:
-    """An :class:`~gyre_store.log.EventLog` held in a Python list."""
+    """An :class:`~gyre_store.log.interface.EventLog` held in a Python list."""
 
     def __init__(self, registry: EventRegistry = REGISTRY, limits: Limits | None = None) -> None:
         self._registry = registry
@@ -156,7 +164,7 @@ class _MemoryRows(RowStore):
 
 
 class InMemoryProjectionStore:
-    """A :class:`~gyre_store.projections.ProjectionStore` in dictionaries; a failed
+    """A :class:`~gyre_store.projections.base.ProjectionStore` in dictionaries; a failed
     transaction leaves nothing behind, as a rolled-back database transaction would."""
 
     def __init__(self, tables: Mapping[str, sa.Table]) -> None:

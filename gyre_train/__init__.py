@@ -6,51 +6,51 @@ projection fills. Streaming training (claims, board, cells, weights, publish) ta
 torch.distributed and the engines through small interfaces; see docs/streaming-training.md.
 """
 
-from gyre_train.ablation import (
-    PAPER_FB_FRACTION,
-    AblationReport,
-    AblationSetting,
-    ExecutionResult,
-    SettingSummary,
-    run_ablation,
-    run_execution,
+from gyre_train.backends.megatron import MegatronBackend, MegatronModelSpec
+from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.cells.board import RedisBatchBoard, SnapshotBoard, SnapshotDescriptor
+from gyre_train.cells.cell import BurstPlan, CellConfig, run_cell
+from gyre_train.cells.claims import MicroStepQueue, Phase, QueueConfig, RedisMicroStepQueue, Task
+from gyre_train.cells.local import (
+    BatchResult,
+    gradient_share,
+    merge_shares,
+    ratio_share,
+    train_batch_locally,
 )
-from gyre_train.admission import (
-    CLAUDE_CODE_ORDER,
-    Admission,
-    AdmissionConfig,
-    AdmittedTrajectory,
-    ClassPriority,
-    FlatPriority,
-    LeafPriority,
-    admission_rng,
-    admit,
+from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, plan_reduction
+from gyre_train.cells.processes import CellCluster
+from gyre_train.cells.producer import ProducerConfig, stream_batch
+from gyre_train.cells.publish import (
+    EnginePublisher,
+    EnginePublisherConfig,
+    PublicationMethod,
+    PublishableModel,
+    WeightPublisher,
 )
-from gyre_train.advantages import (
-    AdvantageConfig,
-    ExecutionReward,
-    GroupAdvantages,
-    RewardStatus,
-    group_advantages,
+from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica
+from gyre_train.cells.session import (
+    TINY_QWEN3,
+    DemoSummary,
+    SyntheticBatchConfig,
+    cell_configs,
+    demo_streaming,
+    enqueue_batch,
+    synthetic_batch,
 )
-from gyre_train.backend_megatron import MegatronBackend, MegatronModelSpec
-from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
-from gyre_train.board import RedisBatchBoard, SnapshotBoard, SnapshotDescriptor
-from gyre_train.cells import BurstPlan, CellConfig, run_cell
-from gyre_train.claims import MicroStepQueue, Phase, QueueConfig, RedisMicroStepQueue, Task
-from gyre_train.cluster import CellCluster
-from gyre_train.evaluation import (
-    Clock,
-    EvaluationConfig,
-    EvaluationOutcome,
-    EvaluationResult,
-    EvaluationRunner,
-    Evaluator,
-    MonotonicClock,
-    PreservedState,
-    check_result,
+from gyre_train.cells.transport import (
+    MooncakeTransport,
+    TorchDistributedTransport,
+    WeightTransport,
+    make_transport,
 )
-from gyre_train.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
+from gyre_train.cells.wire import (
+    BatchManifest,
+    ExecutionTotals,
+    RatioShare,
+    decode_micro_step,
+    encode_micro_step,
+)
 from gyre_train.exceptions import (
     BatchClosedError,
     EvaluatorFailure,
@@ -68,16 +68,8 @@ from gyre_train.exceptions import (
     UnknownExecutionError,
     UnknownGroupError,
 )
-from gyre_train.groups import GroupSourceConfig, StoreGroupSource, execution_rows
-from gyre_train.local_training import (
-    BatchResult,
-    gradient_share,
-    merge_shares,
-    ratio_share,
-    train_batch_locally,
-)
-from gyre_train.logprobs import block_causal_mask, packed_token_logprobs
-from gyre_train.loss import (
+from gyre_train.objective.logprobs import block_causal_mask, packed_token_logprobs
+from gyre_train.objective.loss import (
     ExecutionClip,
     ExecutionSummary,
     LossConfig,
@@ -91,9 +83,56 @@ from gyre_train.loss import (
     step_log,
     token_loss,
 )
-from gyre_train.membership import ReducePlan, TakeOver, Wait, plan_reduction
-from gyre_train.objective import accumulate_sequence_ratios, micro_step_loss
-from gyre_train.packing import (
+from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
+from gyre_train.rewards.advantages import (
+    AdvantageConfig,
+    ExecutionReward,
+    GroupAdvantages,
+    RewardStatus,
+    group_advantages,
+)
+from gyre_train.rewards.evaluation import (
+    Clock,
+    EvaluationConfig,
+    EvaluationOutcome,
+    EvaluationResult,
+    EvaluationRunner,
+    Evaluator,
+    MonotonicClock,
+    PreservedState,
+    check_result,
+)
+from gyre_train.rewards.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
+from gyre_train.streaming_errors import (
+    CellFailedError,
+    ClaimQueueError,
+    ContributionError,
+    ProducerTimeoutError,
+    PublicationError,
+    WeightTransportError,
+)
+from gyre_train.trajectories.ablation import (
+    PAPER_FB_FRACTION,
+    AblationReport,
+    AblationSetting,
+    ExecutionResult,
+    SettingSummary,
+    run_ablation,
+    run_execution,
+)
+from gyre_train.trajectories.admission import (
+    CLAUDE_CODE_ORDER,
+    Admission,
+    AdmissionConfig,
+    AdmittedTrajectory,
+    ClassPriority,
+    FlatPriority,
+    LeafPriority,
+    admission_rng,
+    admit,
+)
+from gyre_train.trajectories.buffer import GroupSourceConfig, StoreGroupSource, execution_rows
+from gyre_train.trajectories.packing import (
     BatchPacker,
     GroupTicket,
     MicroStep,
@@ -103,43 +142,15 @@ from gyre_train.packing import (
     RowKey,
     select_oldest,
 )
-from gyre_train.producer import ProducerConfig, stream_batch
-from gyre_train.publish import (
-    EnginePublisher,
-    EnginePublisherConfig,
-    PublicationMethod,
-    PublishableModel,
-    WeightPublisher,
-)
-from gyre_train.replica import CellModel, MegatronCells, RankLayout, Replica
-from gyre_train.rows import ExecutionRows, TokenRow, materialize_rows
-from gyre_train.streaming_errors import (
-    CellFailedError,
-    ClaimQueueError,
-    ContributionError,
-    ProducerTimeoutError,
-    PublicationError,
-    WeightTransportError,
-)
-from gyre_train.streaming_run import (
-    TINY_QWEN3,
-    DemoSummary,
-    SyntheticBatchConfig,
-    cell_configs,
-    demo_streaming,
-    enqueue_batch,
-    synthetic_batch,
-)
-from gyre_train.trajectory import (
+from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows
+from gyre_train.trajectories.stored import StoredExecution, stored_execution
+from gyre_train.trajectories.trajectory import (
     AdmissionTree,
     CandidateLeaf,
     ExecutionTokens,
     LeafClass,
     NodeTokens,
 )
-from gyre_train.tree_adapter import StoredExecution, stored_execution
-from gyre_train.weights import MooncakeTransport, TorchDistributedTransport, WeightTransport, make_transport
-from gyre_train.wire import BatchManifest, ExecutionTotals, RatioShare, decode_micro_step, encode_micro_step
 
 __all__ = [
     "CLAUDE_CODE_ORDER",

@@ -1,0 +1,1 @@
+"""Alembic migrations of gyre's schema, installed as ``gyre_store.migrations``."""

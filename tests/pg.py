@@ -30,7 +30,7 @@ def admin() -> psycopg.Connection[tuple[object, ...]]:
 
 def create_template() -> str:
     """Create and migrate a template database; return its name."""
-    from gyre_store import migrate
+    from gyre_store.db import migrate
 
     name = f"gyre_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with admin() as conn:

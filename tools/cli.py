@@ -14,18 +14,18 @@ import warnings
 from collections.abc import Sequence
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "tools.ablate",
-    "tools.db",
-    "tools.events",
-    "tools.projections",
-    "tools.replay",
-    "tools.demo",
-    "tools.engine",
-    "tools.sched",
-    "tools.simulate",
-    "tools.tracegen",
-    "tools.proxy",
-    "tools.trees",
+    "gyre_tools.ablate",
+    "gyre_tools.db",
+    "gyre_tools.events",
+    "gyre_tools.projections",
+    "gyre_tools.replay",
+    "gyre_tools.demo",
+    "gyre_tools.engine",
+    "gyre_tools.sched",
+    "gyre_tools.simulate",
+    "gyre_tools.tracegen",
+    "gyre_tools.proxy",
+    "gyre_tools.trees",
 )
 
 

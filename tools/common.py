@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre_tools.cli import add_env_argument
 from rich.console import Console
 
 from gyre_store import (
@@ -16,11 +17,10 @@ from gyre_store import (
     StoreConfig,
     evaluation_projections,
     lifecycle_projections,
-    migrate,
 )
-from gyre_store.embedded import Services, default_data_dir, services
-from gyre_store.trees import TreeProjection
-from tools.cli import add_env_argument
+from gyre_store.db import migrate
+from gyre_store.db.embedded import Services, default_data_dir, services
+from gyre_store.trees.projection import TreeProjection
 
 console = Console(highlight=False)
 

@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gyre_store import migrate
-from gyre_store.embedded import services
-from tools.common import add_store_arguments, console
+from gyre_tools.common import add_store_arguments, console
+
+from gyre_store.db import migrate
+from gyre_store.db.embedded import services
 
 
 def register(subparsers: Any) -> None:

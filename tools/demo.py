@@ -14,6 +14,10 @@ import random
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_tools.events import _line
+from gyre_tools.projections import print_rows
 from rich.progress import track
 
 from gyre_store import (
@@ -33,10 +37,6 @@ from gyre_store import (
     catch_up,
     rebuild,
 )
-from tools.cli import add_env_argument
-from tools.common import add_store_arguments, all_projections, console, open_store
-from tools.events import _line
-from tools.projections import print_rows
 
 if TYPE_CHECKING:
     import torch
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 training_demo(log, store, run_id, args.seed)
         if args.serving:
-            from tools.demo_parts import proxy_part, streaming_part
+            from gyre_tools.demo_parts import proxy_part, streaming_part
 
             console.rule("executions through the proxy (reference engine, scripted tool calls)")
             proxy_part(log, console)
@@ -193,13 +193,13 @@ def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id:
     # builds the whole parser.
     import torch
 
-    from gyre_proxy.chat_template import Qwen3Template
-    from gyre_proxy.harness import ClaudeCodeHarness
-    from gyre_proxy.ingest import Ingestor
-    from gyre_proxy.text_tokenizer import qwen_tokenizer
-    from gyre_proxy.tracegen import TraceConfig, TraceGenerator
-    from gyre_store.recorder import TrajectoryRecorder
-    from gyre_store.tree_view import TreeView
+    from gyre_proxy.engines.tokenizer import qwen_tokenizer
+    from gyre_proxy.ingest.chat_template import Qwen3Template
+    from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
+    from gyre_proxy.ingest.ingestor import Ingestor
+    from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+    from gyre_store.trees.recorder import TrajectoryRecorder
+    from gyre_store.trees.view import TreeView
     from gyre_train import (
         AdmissionConfig,
         AdvantageConfig,

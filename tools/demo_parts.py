@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from gyre_proxy.keys import issue_key
-from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.refengine.model import ModelSource
-from gyre_proxy.service import ProxyConfig, ProxyService
+from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines.refengine.model import ModelSource
+from gyre_proxy.service.keys import issue_key
+from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.view import TreeView
 
 SCRIPT = {
     "rule": "cycle",

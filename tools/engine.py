@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tools.cli import add_env_argument
+from gyre_tools.cli import add_env_argument
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,8 +77,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, serve
     from gyre_proxy.exceptions import ReferenceEngineError
-    from gyre_proxy.refengine import ModelSource, ReferenceEngineConfig, serve
 
     try:
         config_json = json.loads(args.model_config) if args.model_config else None

@@ -8,11 +8,12 @@ import json
 import threading
 from typing import Any
 
-from gyre_proxy.keys import issue_key
-from gyre_proxy.service import ProxyConfig, ProxyService
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, console, open_store
+
+from gyre_proxy.service.keys import issue_key
+from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import subscribe
-from tools.cli import add_env_argument
-from tools.common import add_store_arguments, console, open_store
 
 
 def register(subparsers: Any) -> None:

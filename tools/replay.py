@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_tools.projections import print_rows
+
 from gyre_store import InMemoryProjectionStore, PostgresProjectionStore, ProjectionStore, rebuild
-from tools.cli import add_env_argument
-from tools.common import add_store_arguments, all_projections, console, open_store
-from tools.projections import print_rows
 
 
 def register(subparsers: Any) -> None:

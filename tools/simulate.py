@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, open_store
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -29,14 +31,12 @@ from gyre_sched import (
     load_workload,
     simulate,
 )
-from gyre_sched.plots import role_timeline, steps_and_speedup, waterlevel
-from gyre_sched.presets import PRESETS, with_policy
-from gyre_sched.tables import ablation_table, speedup_table
-from gyre_sched.workload import WorkloadModel
-from gyre_sched.workload_store import workload_from_run
+from gyre_sched.sim.plots import role_timeline, steps_and_speedup, waterlevel
+from gyre_sched.sim.presets import PRESETS, with_policy
+from gyre_sched.sim.tables import ablation_table, speedup_table
+from gyre_sched.sim.workload import WorkloadModel
+from gyre_sched.sim.workload_store import workload_from_run
 from gyre_store import GyreStoreError
-from tools.cli import add_env_argument
-from tools.common import add_store_arguments, open_store
 
 TABLE_PRESETS = ("ablation-table", "speedup-table")
 DEFAULT_PRESET = "ablation-E0"

@@ -6,13 +6,16 @@ import argparse
 import uuid
 from typing import Any
 
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_tools.trees import stats_table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gyre_proxy.chat_template import Qwen3Template
-from gyre_proxy.harness import ClaudeCodeHarness
-from gyre_proxy.ingest import Ingestor
-from gyre_proxy.text_tokenizer import qwen_tokenizer
-from gyre_proxy.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.engines.tokenizer import qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
+from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import (
     ExecutionDispatched,
     ExecutionFinished,
@@ -23,11 +26,8 @@ from gyre_store import (
     PostgresProjectionStore,
     catch_up,
 )
-from gyre_store.recorder import TrajectoryRecorder
-from gyre_store.tree_view import TreeView
-from tools.cli import add_env_argument
-from tools.common import add_store_arguments, all_projections, console, open_store
-from tools.trees import stats_table
+from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees.view import TreeView
 
 
 def register(subparsers: Any) -> None:

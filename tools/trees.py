@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 from rich.table import Table
 
 from gyre_store import PostgresProjectionStore, catch_up
-from gyre_store.tree_render import draw, outline
-from gyre_store.tree_view import TreeStats, TreeView
-from tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_store.trees.render import draw, outline
+from gyre_store.trees.view import TreeStats, TreeView
 
 PAPER = {  # execution f3ad38e5, the paper's Appendix C
     "requests": 636,

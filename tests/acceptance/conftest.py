@@ -29,7 +29,7 @@ def gyre(
     base.update(env or {})
     base["COLUMNS"] = "200"
     return subprocess.run(
-        [sys.executable, "-m", "tools.cli", *args],
+        [sys.executable, "-m", "gyre_tools.cli", *args],
         cwd=ROOT,
         env=base,
         capture_output=True,

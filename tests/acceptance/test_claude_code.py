@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gyre_proxy.keys import issue_key
-from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.refengine.model import ModelSource
-from gyre_proxy.service import ProxyConfig, ProxyService
+from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines.refengine.model import ModelSource
+from gyre_proxy.service.keys import issue_key
+from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
-from gyre_store.tito import Provenance
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_store.catalog.tito import Provenance
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.view import TreeView
 
 ROOT = Path(__file__).resolve().parents[2]
 

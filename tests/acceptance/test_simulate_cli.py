@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _gyre(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tools.cli", "simulate", *args],
+        [sys.executable, "-m", "gyre_tools.cli", "simulate", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
-from tools.cli import build_parser
+from gyre_tools.cli import build_parser
 
 
 def _walk(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.Action]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from tools.proxy import tune_gc
+from gyre_tools.proxy import tune_gc
 
 
 def test_tune_gc_freezes_the_heap_and_sets_the_threshold() -> None:

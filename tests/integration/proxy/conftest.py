@@ -18,8 +18,8 @@ import openai
 import pytest
 import torch
 
-from gyre_proxy.engine_weights import GYRE_SAFETENSORS_FORMAT
-from gyre_proxy.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, load_model
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, load_model
+from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT
 
 SGLANG_URL = os.environ.get("GYRE_SGLANG_URL")
 SGLANG_MODEL_DIR = os.environ.get("GYRE_SGLANG_MODEL_DIR")

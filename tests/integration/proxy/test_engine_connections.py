@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 
-from gyre_proxy import EngineClient, EngineClientConfig, FinishKind, SamplingConfig
-from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines import EngineClient, EngineClientConfig, FinishKind, SamplingConfig
+from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from gyre_proxy import (
+from gyre_proxy.engines import (
     ContextLengthExceeded,
     EngineClient,
     EngineClientConfig,
@@ -29,15 +29,15 @@ from gyre_proxy import (
     SamplingConfig,
     WeightUpdateFailed,
 )
-from gyre_proxy.engine_api import InitWeightsUpdateGroupRequest, UpdateWeightsFromTensorRequest
-from gyre_proxy.engine_weights import (
+from gyre_proxy.engines.refengine import free_port, save_model_dir
+from gyre_proxy.engines.weights import (
     distributed_request,
     open_weight_update_group,
     serialize_for_sglang,
     serialize_safetensors,
     sglang_tensor_payload,
 )
-from gyre_proxy.refengine import free_port, save_model_dir
+from gyre_proxy.engines.wire import InitWeightsUpdateGroupRequest, UpdateWeightsFromTensorRequest
 
 if TYPE_CHECKING:
     from tests.integration.proxy.conftest import EngineTarget

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gyre_proxy import (
+from gyre_proxy.engines import (
     ContextLengthExceeded,
     EngineClient,
     EngineClientConfig,
@@ -23,8 +23,8 @@ from gyre_proxy import (
     GyreProxyError,
     SamplingConfig,
 )
-from gyre_proxy.engine_api import NOT_ACCEPTING_MESSAGE
-from gyre_proxy.refengine import free_port
+from gyre_proxy.engines.refengine import free_port
+from gyre_proxy.engines.wire import NOT_ACCEPTING_MESSAGE
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

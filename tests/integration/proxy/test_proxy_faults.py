@@ -10,12 +10,13 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from gyre_proxy.keys import issue_key
-from gyre_proxy.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.refengine.model import ModelSource
-from gyre_proxy.service import ProxyConfig, ProxyService
-from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig, migrate
-from gyre_store.events import StreamId
+from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines.refengine.model import ModelSource
+from gyre_proxy.service.keys import issue_key
+from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig
+from gyre_store.db import migrate
+from gyre_store.log.events import StreamId
 from tests import pgcluster
 
 

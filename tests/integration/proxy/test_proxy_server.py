@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from gyre_proxy.server import KEEP_ALIVE_S, ProxyServer, build_app
+from gyre_proxy.api.app import KEEP_ALIVE_S, ProxyServer, build_app
 from tests.unit.proxy.test_api_fakes import FakeCore, StaticKeys, text_reply
 
 REQUEST = b"GET /health HTTP/1.1\r\nhost: proxy\r\nconnection: keep-alive\r\n\r\n"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from gyre_proxy import (
+from gyre_proxy.engines import (
     EngineClient,
     EngineClientConfig,
     EngineUnavailable,
@@ -19,19 +19,24 @@ from gyre_proxy import (
     SamplingConfig,
     WeightUpdateFailed,
 )
-from gyre_proxy.engine_api import (
-    InitWeightsUpdateGroupRequest,
-    UpdateWeightsFromDistributedRequest,
-    UpdateWeightsFromTensorRequest,
+from gyre_proxy.engines.refengine import (
+    ByteTokenizer,
+    ReferenceEngineConfig,
+    ReferenceEngineServer,
+    free_port,
 )
-from gyre_proxy.engine_weights import (
+from gyre_proxy.engines.weights import (
     GYRE_SAFETENSORS_FORMAT,
     dtype_name,
     open_weight_update_group,
     serialize_for_sglang,
     serialize_safetensors,
 )
-from gyre_proxy.refengine import ByteTokenizer, ReferenceEngineConfig, ReferenceEngineServer, free_port
+from gyre_proxy.engines.wire import (
+    InitWeightsUpdateGroupRequest,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromTensorRequest,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -165,7 +170,7 @@ async def test_released_memory_refuses_generation_until_resumed(server: Referenc
 def test_serves_a_model_folder_with_its_own_tokenizer(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from gyre_proxy.refengine import ModelSource, load_model, save_model_dir
+    from gyre_proxy.engines.refengine import ModelSource, load_model, save_model_dir
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

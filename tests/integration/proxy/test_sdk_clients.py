@@ -15,9 +15,10 @@ import httpx
 import openai
 import pytest
 
-from gyre_proxy.api_errors import ContextTooLong, Overloaded, RateLimited
-from gyre_proxy.core import BlockKind, BlockStart, TextDelta
-from gyre_proxy.messages import (
+from gyre_proxy.api.app import ProxyServer, build_app
+from gyre_proxy.api.errors import ContextTooLong, Overloaded, RateLimited
+from gyre_proxy.chat.answerer import BlockKind, BlockStart, TextDelta
+from gyre_proxy.chat.messages import (
     ChatResponse,
     StopReason,
     TextBlock,
@@ -25,7 +26,6 @@ from gyre_proxy.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gyre_proxy.server import ProxyServer, build_app
 from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, Scripted, StaticKeys, text_reply, tool_reply
 
 MODEL = "qwen3-served"

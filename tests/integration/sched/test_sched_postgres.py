@@ -8,10 +8,12 @@ import pathlib
 import msgspec
 import psycopg
 import pytest
+from gyre_tools import cli
+from gyre_tools import sched as sched_cli
 
 from gyre_sched import BeginTransition, SchedDecision, replay_run, simulate, workload_from_run
-from gyre_sched.presets import WORKLOADS
-from gyre_sched.replay import DiffKind, load_run
+from gyre_sched.live.replay import DiffKind, load_run
+from gyre_sched.sim.presets import WORKLOADS
 from gyre_store import (
     Event,
     InMemoryEventLog,
@@ -25,8 +27,6 @@ from gyre_store import (
 )
 from tests.unit.sched.helpers import small_cluster, tiny
 from tests.unit.sched.test_controller import RUN, drive
-from tools import cli
-from tools import sched as sched_cli
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 from gyre_store import NewEvent, PostgresEventLog, StoreConfig
-from gyre_store.catalog import REGISTRY, ExecutionDispatched
+from gyre_store.catalog.run import REGISTRY, ExecutionDispatched
 
 
 def batch_of(n: int, tag: str) -> list[NewEvent]:

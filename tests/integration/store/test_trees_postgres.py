@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import psycopg
 
-from gyre_proxy.chat_template import Qwen3Template
-from gyre_proxy.harness import ClaudeCodeHarness
-from gyre_proxy.ingest import Ingestor
-from gyre_proxy.text_tokenizer import qwen_tokenizer
-from gyre_proxy.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.engines.tokenizer import qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
+from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
-from gyre_store.recorder import TrajectoryRecorder
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees.view import TreeView
 
 SMALL = TraceConfig(
     seed=5,

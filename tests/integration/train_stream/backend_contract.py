@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.cells.local import gradient_share, merge_shares, ratio_share, train_batch_locally
+from gyre_train.cells.session import TINY_QWEN3, SyntheticBatchConfig, synthetic_batch
+from gyre_train.cells.wire import ExecutionTotals
 from gyre_train.exceptions import InvalidConfigError
-from gyre_train.local_training import gradient_share, merge_shares, ratio_share, train_batch_locally
-from gyre_train.loss import LossConfig
-from gyre_train.objective import micro_step_loss
-from gyre_train.packing import MicroStep
-from gyre_train.streaming_run import TINY_QWEN3, SyntheticBatchConfig, synthetic_batch
-from gyre_train.wire import ExecutionTotals
+from gyre_train.objective.loss import LossConfig
+from gyre_train.objective.packed import micro_step_loss
+from gyre_train.trajectories.packing import MicroStep
 from tests.integration.train_stream.gloo import gloo_world
 
 DATA = SyntheticBatchConfig(groups=2, executions=2, max_rows=2, vocab_size=128, token_budget=48)
@@ -245,7 +245,7 @@ class MegatronLayout:
 
 
 def _megatron_subject(layout: MegatronLayout) -> BackendUnderTest:
-    from gyre_train.backend_megatron import MegatronBackend, MegatronModelSpec
+    from gyre_train.backends.megatron import MegatronBackend, MegatronModelSpec
 
     spec = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=3)
 

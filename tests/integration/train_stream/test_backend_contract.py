@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from gyre_proxy.refengine import free_port
+from gyre_proxy.engines.refengine import free_port
 
 from .backend_contract import (
     SGD_CLIPPED,

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import redis
 
-from gyre_train.board import RedisBatchBoard, SnapshotDescriptor
-from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue
-from gyre_train.loss import LossConfig, clip_executions
-from gyre_train.streaming_run import SyntheticBatchConfig, enqueue_batch, synthetic_batch
-from gyre_train.wire import RatioShare
+from gyre_train.cells.board import RedisBatchBoard, SnapshotDescriptor
+from gyre_train.cells.claims import Phase, QueueConfig, RedisMicroStepQueue
+from gyre_train.cells.session import SyntheticBatchConfig, enqueue_batch, synthetic_batch
+from gyre_train.cells.wire import RatioShare
+from gyre_train.objective.loss import LossConfig, clip_executions
 
 
 def _queue(client: redis.Redis, prefix: str, timeout_s: float = 0.3) -> RedisMicroStepQueue:

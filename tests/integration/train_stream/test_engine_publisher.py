@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from gyre_proxy import EngineClient, EngineClientConfig, GenerateResult, SamplingConfig
-from gyre_proxy.refengine import (
+from gyre_proxy.engines import EngineClient, EngineClientConfig, GenerateResult, SamplingConfig
+from gyre_proxy.engines.refengine import (
     ModelSource,
     ReferenceEngineConfig,
     ReferenceEngineServer,
@@ -31,7 +31,7 @@ from gyre_proxy.refengine import (
     save_model_dir,
 )
 from gyre_train import EnginePublisher, EnginePublisherConfig
-from gyre_train.backend_torch import TrainingBackend
+from gyre_train.backends.pytorch import TrainingBackend
 from gyre_train.streaming_errors import PublicationError
 
 pytestmark = pytest.mark.integration

@@ -18,28 +18,28 @@ import redis
 import torch
 import torch.multiprocessing as mp
 
-from gyre_proxy.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
 from gyre_store import PostgresEventLog, iterate
-from gyre_store.catalog import CellRole, CellRoleChanged
-from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
-from gyre_train.backend_megatron import MegatronModelSpec
-from gyre_train.backend_torch import ModelSpec, OptimizerConfig
-from gyre_train.board import RedisBatchBoard
-from gyre_train.cells import BurstPlan
-from gyre_train.claims import QueueConfig, RedisMicroStepQueue
-from gyre_train.cluster import CellCluster
-from gyre_train.exceptions import InvalidConfigError
-from gyre_train.loss import LossConfig
-from gyre_train.megatron_export import gpt2_config, to_gpt2
-from gyre_train.publish import EnginePublisherConfig
-from gyre_train.replica import MegatronCells, RankLayout
-from gyre_train.streaming_run import (
+from gyre_store.catalog.run import CellRole, CellRoleChanged
+from gyre_store.catalog.training import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_train.backends.megatron import MegatronModelSpec
+from gyre_train.backends.megatron_export import gpt2_config, to_gpt2
+from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig
+from gyre_train.cells.board import RedisBatchBoard
+from gyre_train.cells.cell import BurstPlan
+from gyre_train.cells.claims import QueueConfig, RedisMicroStepQueue
+from gyre_train.cells.processes import CellCluster
+from gyre_train.cells.publish import EnginePublisherConfig
+from gyre_train.cells.replica import MegatronCells, RankLayout
+from gyre_train.cells.session import (
     TINY_QWEN3,
     SyntheticBatchConfig,
     cell_configs,
     enqueue_batch,
     synthetic_batch,
 )
+from gyre_train.exceptions import InvalidConfigError
+from gyre_train.objective.loss import LossConfig
 from tests.integration.train_stream.conftest import wait_for_members
 from tests.integration.train_stream.gloo import gloo_world
 
@@ -65,8 +65,8 @@ def _reference(
     rank: int, data: SyntheticBatchConfig, seed: int, batch_count: int, port: int, output: str
 ) -> None:
     """One process, TP=1: train each whole batch in turn, save the weights after each update."""
-    from gyre_train.backend_megatron import MegatronBackend
-    from gyre_train.local_training import train_batch_locally
+    from gyre_train.backends.megatron import MegatronBackend
+    from gyre_train.cells.local import train_batch_locally
 
     with gloo_world(rank, 1, port), MegatronBackend(SPEC, OPTIMIZER) as backend:
         states = [backend.full_named_tensors()]

@@ -15,10 +15,10 @@ import pytest
 import redis
 import torch
 
-from gyre_proxy.refengine import free_port
+from gyre_proxy.engines.refengine import free_port
 from gyre_store import PostgresEventLog, PostgresProjectionStore, iterate
-from gyre_store.evaluation import GroupConsumed
-from gyre_store.tito import ModelCallRecorded, Provenance, TitoArrays, new_record
+from gyre_store.catalog.evaluation import GroupConsumed
+from gyre_store.catalog.tito import ModelCallRecorded, Provenance, TitoArrays, new_record
 from gyre_train import (
     AdmissionConfig,
     CallableEvaluator,
@@ -29,16 +29,16 @@ from gyre_train import (
     PreservedState,
     StoreGroupSource,
 )
-from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend
-from gyre_train.cells import BurstPlan
-from gyre_train.claims import RedisMicroStepQueue
-from gyre_train.cluster import CellCluster
-from gyre_train.local_training import train_batch_locally
-from gyre_train.loss import LossConfig
-from gyre_train.packing import MicroStep
-from gyre_train.producer import ProducerConfig, stream_batch
+from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.cells.cell import BurstPlan
+from gyre_train.cells.claims import RedisMicroStepQueue
+from gyre_train.cells.local import train_batch_locally
+from gyre_train.cells.processes import CellCluster
+from gyre_train.cells.producer import ProducerConfig, stream_batch
+from gyre_train.cells.session import TINY_QWEN3, cell_configs
+from gyre_train.objective.loss import LossConfig
 from gyre_train.streaming_errors import ProducerTimeoutError
-from gyre_train.streaming_run import TINY_QWEN3, cell_configs
+from gyre_train.trajectories.packing import MicroStep
 from tests.unit.train.runs import dispatch_group, finish, projections, start
 
 RUN = "producer-run"
@@ -137,7 +137,7 @@ def test_a_batch_short_of_groups_times_out_with_its_stream_open(
 ) -> None:
     source, runner = _source(pg_log)
     _finish_group(pg_log, runner, "p-g0")
-    from gyre_train.claims import QueueConfig
+    from gyre_train.cells.claims import QueueConfig
 
     queue = RedisMicroStepQueue(redis_client, QueueConfig(prefix), 0)
     with pytest.raises(ProducerTimeoutError, match="1 of 2 groups"):

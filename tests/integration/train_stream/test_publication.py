@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from gyre_proxy.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
 from gyre_store import PostgresEventLog, WeightsPublished, iterate
 from gyre_train import demo_streaming
 

@@ -17,26 +17,26 @@ import pytest
 import redis
 import torch
 
-from gyre_proxy.refengine import free_port
+from gyre_proxy.engines.refengine import free_port
 from gyre_store import PostgresEventLog, iterate
-from gyre_store.catalog import CellRole, CellRoleChanged
-from gyre_store.training_events import ContributionAccepted, MicroStepClaimed, TrainingUpdate
-from gyre_train.backend_torch import ModelSpec, OptimizerConfig, TorchBackend
-from gyre_train.board import RedisBatchBoard
-from gyre_train.cells import BurstPlan
-from gyre_train.claims import Phase, QueueConfig, RedisMicroStepQueue
-from gyre_train.cluster import CellCluster
-from gyre_train.local_training import train_batch_locally
-from gyre_train.loss import LossConfig
-from gyre_train.packing import MicroStep
-from gyre_train.streaming_run import (
+from gyre_store.catalog.run import CellRole, CellRoleChanged
+from gyre_store.catalog.training import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.cells.board import RedisBatchBoard
+from gyre_train.cells.cell import BurstPlan
+from gyre_train.cells.claims import Phase, QueueConfig, RedisMicroStepQueue
+from gyre_train.cells.local import train_batch_locally
+from gyre_train.cells.processes import CellCluster
+from gyre_train.cells.session import (
     TINY_QWEN3,
     SyntheticBatchConfig,
     cell_configs,
     enqueue_batch,
     synthetic_batch,
 )
-from gyre_train.wire import ExecutionTotals
+from gyre_train.cells.wire import ExecutionTotals
+from gyre_train.objective.loss import LossConfig
+from gyre_train.trajectories.packing import MicroStep
 from tests.integration.train_stream.conftest import wait_for_members
 
 SPEC = ModelSpec(TINY_QWEN3, seed=3)

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from gyre_proxy import EngineClient, EngineClientConfig
-from gyre_proxy.refengine import ReferenceEngine, ReferenceEngineConfig, build_app
+from gyre_proxy.engines import EngineClient, EngineClientConfig
+from gyre_proxy.engines.refengine import ReferenceEngine, ReferenceEngineConfig, build_app
 
 
 @pytest.fixture

@@ -8,17 +8,17 @@ from typing import Any
 import httpx
 import pytest
 
-from gyre_proxy.anthropic_api import (
+from gyre_proxy.api.anthropic import (
     IMAGE_PLACEHOLDER,
     StreamEncoder,
     decode_body,
     thinking_signature,
     to_chat_request,
 )
-from gyre_proxy.api_errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
-from gyre_proxy.core import BlockKind, BlockStart, BlockStop, MessageDone, TextDelta, ThinkingDelta
-from gyre_proxy.exceptions import EngineNotAccepting
-from gyre_proxy.messages import (
+from gyre_proxy.api.app import build_app
+from gyre_proxy.api.errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
+from gyre_proxy.chat.answerer import BlockKind, BlockStart, BlockStop, MessageDone, TextDelta, ThinkingDelta
+from gyre_proxy.chat.messages import (
     ChatRequest,
     ChatResponse,
     Role,
@@ -28,7 +28,7 @@ from gyre_proxy.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gyre_proxy.server import build_app
+from gyre_proxy.exceptions import EngineNotAccepting
 from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, Scripted, StaticKeys, text_reply
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """A scripted ``ProxyCore`` and a static ``KeyResolver`` for the API adapter tests (no tests here).
 
 ``FakeCore`` answers each call with the next scripted reply, records every request and
-whether each stream ran to its end or was closed early. It belongs in ``gyre_proxy.testing``
+whether each stream ran to its end or was closed early. It belongs in ``gyre_proxy.engines.testing``
 once the lead moves it there; the adapter tests import it from this module until then.
 """
 
@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gyre_proxy.core import (
+from gyre_proxy.chat.answerer import (
     BlockKind,
     BlockStart,
     BlockStop,
@@ -24,7 +24,7 @@ from gyre_proxy.core import (
     ThinkingDelta,
     ToolInputDelta,
 )
-from gyre_proxy.messages import (
+from gyre_proxy.chat.messages import (
     ChatRequest,
     ChatResponse,
     StopReason,

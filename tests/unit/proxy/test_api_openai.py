@@ -8,8 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gyre_proxy.api_errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
-from gyre_proxy.messages import (
+from gyre_proxy.api.app import build_app
+from gyre_proxy.api.errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
+from gyre_proxy.api.openai_chat import decode_body, to_chat_request
+from gyre_proxy.chat.messages import (
     ChatResponse,
     Role,
     StopReason,
@@ -18,8 +20,6 @@ from gyre_proxy.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gyre_proxy.openai_api import decode_body, to_chat_request
-from gyre_proxy.server import build_app
 from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, StaticKeys, text_reply
 
 pytestmark = pytest.mark.anyio

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gyre_proxy.api_errors import Overloaded
-from gyre_proxy.sse import (
+from gyre_proxy.api.errors import Overloaded
+from gyre_proxy.api.sse import (
     SSE_HEADERS,
     EventPump,
     Pulse,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
-from tools import engine as engine_cli
+from gyre_tools import engine as engine_cli
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gyre_proxy import (
+from gyre_proxy.engines import (
     ContextLengthExceeded,
     EngineBadRequest,
     EngineClient,
@@ -22,7 +22,7 @@ from gyre_proxy import (
     SamplingConfig,
     WeightUpdateFailed,
 )
-from gyre_proxy.engine_api import NOT_ACCEPTING_MESSAGE
+from gyre_proxy.engines.wire import NOT_ACCEPTING_MESSAGE
 
 pytestmark = pytest.mark.anyio
 

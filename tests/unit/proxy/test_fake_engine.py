@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gyre_proxy import (
+from gyre_proxy.engines import (
     ContextLengthExceeded,
     Engine,
     EngineClient,
@@ -13,7 +13,7 @@ from gyre_proxy import (
     FinishKind,
     SamplingConfig,
 )
-from gyre_proxy.testing import FakeEngine
+from gyre_proxy.engines.testing import FakeEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.chat_template import Qwen3Template
-from gyre_proxy.core import ExecutionAuth
-from gyre_proxy.harness import GenericHarness
-from gyre_proxy.ingest import Ingestor
-from gyre_proxy.messages import ChatRequest, Message, Role, TextBlock
-from gyre_proxy.proxy_core import GyreProxyCore
-from gyre_proxy.routing import Router
-from gyre_proxy.spool import RecordSpool
-from gyre_proxy.testing import FakeEngine
-from gyre_proxy.text_tokenizer import IncrementalText, QwenTokenizer, qwen_tokenizer
+from gyre_proxy.answer.pipeline import GyreProxyCore
+from gyre_proxy.chat.answerer import ExecutionAuth
+from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock
+from gyre_proxy.engines.testing import FakeEngine
+from gyre_proxy.engines.tokenizer import IncrementalText, QwenTokenizer, qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.harnesses import GenericHarness
+from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.service.routing import Router
+from gyre_proxy.service.spool import RecordSpool
 from gyre_store import InMemoryEventLog
-from gyre_store.recorder import TrajectoryRecorder
+from gyre_store.trees.recorder import TrajectoryRecorder
 
 TEXT = "Plan: naïve café — 日本語のテキスト 🚀 résumé; then run `ls`. "
 

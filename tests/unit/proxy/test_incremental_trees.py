@@ -7,18 +7,18 @@ import json
 import numpy as np
 import pytest
 
-from gyre_proxy.chat_template import Qwen3Template
-from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness
-from gyre_proxy.incremental import encode_request, full_messages
-from gyre_proxy.ingest import Ingestor
-from gyre_proxy.messages import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from gyre_proxy.text_tokenizer import qwen_tokenizer
-from gyre_proxy.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from gyre_proxy.engines.tokenizer import qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.harnesses import ClaudeCodeHarness, GenericHarness
+from gyre_proxy.ingest.incremental import encode_request, full_messages
+from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
-from gyre_store.recorder import ExecutionContext, TrajectoryRecorder
-from gyre_store.tito import CallFinish, Provenance, TitoArrays
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_store.catalog.tito import CallFinish, Provenance, TitoArrays
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.recorder import ExecutionContext, TrajectoryRecorder
+from gyre_store.trees.view import TreeView
 
 SMALL = TraceConfig(
     seed=3,

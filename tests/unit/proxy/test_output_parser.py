@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.core import (
+from gyre_proxy.answer.output_parser import OutputParser, new_tool_use_id, parse_output
+from gyre_proxy.chat.answerer import (
     BlockKind,
     BlockStart,
     BlockStop,
@@ -20,9 +21,8 @@ from gyre_proxy.core import (
     ThinkingDelta,
     ToolInputDelta,
 )
-from gyre_proxy.engine_types import FinishKind
-from gyre_proxy.messages import Block, StopReason, TextBlock, ThinkingBlock, ToolUseBlock
-from gyre_proxy.output_parser import OutputParser, new_tool_use_id, parse_output
+from gyre_proxy.chat.messages import Block, StopReason, TextBlock, ThinkingBlock, ToolUseBlock
+from gyre_proxy.engines.types import FinishKind
 
 
 def ids() -> Callable[[], str]:

@@ -9,12 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre_proxy.chat_template import Qwen3Template
-from gyre_proxy.core import ExecutionAuth
-from gyre_proxy.harness import GenericHarness
-from gyre_proxy.incremental import encode_request, match_request, output_hash
-from gyre_proxy.ingest import Ingestor
-from gyre_proxy.messages import (
+from gyre_proxy.answer.pipeline import GyreProxyCore
+from gyre_proxy.chat.answerer import ExecutionAuth
+from gyre_proxy.chat.messages import (
     ChatRequest,
     Message,
     Role,
@@ -23,15 +20,18 @@ from gyre_proxy.messages import (
     ToolUseBlock,
     chain_hashes,
 )
-from gyre_proxy.proxy_core import GyreProxyCore
-from gyre_proxy.routing import Router
-from gyre_proxy.spool import RecordSpool
-from gyre_proxy.testing import FakeEngine
-from gyre_proxy.text_tokenizer import qwen_tokenizer
+from gyre_proxy.engines.testing import FakeEngine
+from gyre_proxy.engines.tokenizer import qwen_tokenizer
+from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.harnesses import GenericHarness
+from gyre_proxy.ingest.incremental import encode_request, match_request, output_hash
+from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.service.routing import Router
+from gyre_proxy.service.spool import RecordSpool
 from gyre_store import InMemoryEventLog
-from gyre_store.events import StreamId
-from gyre_store.recorder import ExecutionContext, PrefixPoint, TrajectoryRecorder
-from gyre_store.tito import TitoArrays
+from gyre_store.catalog.tito import TitoArrays
+from gyre_store.log.events import StreamId
+from gyre_store.trees.recorder import ExecutionContext, PrefixPoint, TrajectoryRecorder
 
 pytestmark = pytest.mark.anyio
 

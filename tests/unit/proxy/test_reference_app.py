@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from gyre_proxy import (
+from gyre_proxy.engines import (
     ContextLengthExceeded,
     EngineBadRequest,
     EngineClient,
@@ -17,7 +17,7 @@ from gyre_proxy import (
     FinishKind,
     SamplingConfig,
 )
-from gyre_proxy.refengine import ReferenceEngine, ReferenceEngineConfig, build_app
+from gyre_proxy.engines.refengine import ReferenceEngine, ReferenceEngineConfig, build_app
 
 pytestmark = pytest.mark.anyio
 

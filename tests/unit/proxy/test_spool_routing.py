@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gyre_proxy.routing import Router
-from gyre_proxy.spool import RecordSpool
-from gyre_proxy.testing import FakeEngine
+from gyre_proxy.engines.testing import FakeEngine
+from gyre_proxy.service.routing import Router
+from gyre_proxy.service.spool import RecordSpool
 from gyre_store import ExecutionStarted, GyreStoreError, MalformedEvent, NewEvent
-from gyre_store.events import AppendResult
+from gyre_store.log.events import AppendResult
 
 
 class FlakyRecorder:

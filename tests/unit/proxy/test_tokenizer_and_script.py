@@ -9,8 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gyre_proxy.engines.refengine import (
+    ByteTokenizer,
+    ScriptedPolicy,
+    ScriptEntry,
+    ScriptRule,
+    load_tokenizer,
+)
 from gyre_proxy.exceptions import ScriptError
-from gyre_proxy.refengine import ByteTokenizer, ScriptedPolicy, ScriptEntry, ScriptRule, load_tokenizer
 
 
 @given(st.text(max_size=200))

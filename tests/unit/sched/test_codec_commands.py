@@ -29,9 +29,9 @@ from gyre_sched import (
     simulate,
     to_dict,
 )
-from gyre_sched.decisions import DECISION_TYPES
-from gyre_sched.inputs import INPUT_TYPES
-from gyre_sched.presets import WORKLOADS
+from gyre_sched.decision.decisions import DECISION_TYPES
+from gyre_sched.decision.inputs import INPUT_TYPES
+from gyre_sched.sim.presets import WORKLOADS
 from gyre_sched.testing import RecordingSink
 
 DECISIONS = [

@@ -22,12 +22,9 @@ from gyre_sched import (
     SchedConfig,
     simulate,
 )
-from gyre_sched.controller import ConfigMismatchError, Controller, ControllerConflictError, plan_commands
-from gyre_sched.inputs import ExecutionFinished, GroupReady, RunStarted, TransitionDone
-from gyre_sched.presets import WORKLOADS
-from gyre_sched.replay import load_run, replay_run
-from gyre_sched.simulator import SimCluster
-from gyre_sched.store_events import (
+from gyre_sched.decision.inputs import ExecutionFinished, GroupReady, RunStarted, TransitionDone
+from gyre_sched.live.controller import ConfigMismatchError, Controller, ControllerConflictError, plan_commands
+from gyre_sched.live.events import (
     ProtocolStep,
     SchedRejected,
     SchedStep,
@@ -37,8 +34,10 @@ from gyre_sched.store_events import (
     group_id,
     sched_stream,
 )
-from gyre_sched.testing import RecordingSink
-from gyre_sched.trainer import (
+from gyre_sched.live.replay import load_run, replay_run
+from gyre_sched.sim.presets import WORKLOADS
+from gyre_sched.sim.simulator import SimCluster
+from gyre_sched.sim.training import (
     BroadcastDone,
     EventQueue,
     MicrostepDone,
@@ -47,6 +46,7 @@ from gyre_sched.trainer import (
     Trainer,
     UpdateDone,
 )
+from gyre_sched.testing import RecordingSink
 from gyre_store import (
     CellRoleChanged,
     ExecutionDispatched,
@@ -55,11 +55,11 @@ from gyre_store import (
     InMemoryEventLog,
     InMemoryProjectionStore,
     NewEvent,
-    catalog,
     catch_up,
     lifecycle_projections,
 )
-from gyre_store.log import EventLog
+from gyre_store.catalog import run as catalog
+from gyre_store.log.interface import EventLog
 from tests.unit.sched.helpers import small_cluster, tiny
 
 RUN = "run-1"

@@ -27,7 +27,7 @@ from gyre_sched import (
     TransitionDone,
     WeightsPublished,
 )
-from gyre_sched.policy import CellRole
+from gyre_sched.decision.policy import CellRole
 from tests.unit.sched.helpers import tiny
 
 

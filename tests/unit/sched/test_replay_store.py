@@ -21,8 +21,7 @@ from gyre_sched import (
     TransitionDone,
     WeightsPublished,
 )
-from gyre_sched.replay import DiffKind, NoRecordedRunError, replay_run
-from gyre_sched.store_events import (
+from gyre_sched.live.events import (
     SchedDecision,
     StoreMappingError,
     engine_name,
@@ -31,8 +30,9 @@ from gyre_sched.store_events import (
     fact_event,
     input_of,
 )
+from gyre_sched.live.replay import DiffKind, NoRecordedRunError, replay_run
 from gyre_store import Event, ExecutionStarted, InMemoryEventLog, NewEvent, RecordedEvent
-from gyre_store.log import EventLog
+from gyre_store.log.interface import EventLog
 from tests.unit.sched.helpers import tiny
 from tests.unit.sched.test_controller import RUN, Driven, drive
 

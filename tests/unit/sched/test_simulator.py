@@ -13,8 +13,8 @@ from gyre_sched import (
     get_preset,
     simulate,
 )
-from gyre_sched.presets import ABLATION, SPEEDUP, WORKLOADS, with_policy
-from gyre_sched.tables import ablation_table
+from gyre_sched.sim.presets import ABLATION, SPEEDUP, WORKLOADS, with_policy
+from gyre_sched.sim.tables import ablation_table
 from tests.unit.sched.helpers import small_cluster, tiny
 
 SETTINGS = [

@@ -8,10 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, MalformedEvent, catch_up, rebuild
-from gyre_store.recorder import TrajectoryRecorder
-from gyre_store.tito import AgentKind, CallFinish, CallPurpose, ModelCallRecorded, Provenance, TitoArrays
-from gyre_store.tree_view import TreeView
-from gyre_store.trees import TreeProjection
+from gyre_store.catalog.tito import (
+    AgentKind,
+    CallFinish,
+    CallPurpose,
+    ModelCallRecorded,
+    Provenance,
+    TitoArrays,
+)
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees.view import TreeView
 
 
 def arrays(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gyre_store import InMemoryEventLog
-from gyre_store.tree_view import TreeView
+from gyre_store.trees.view import TreeView
 from gyre_train import (
     AblationSetting,
     AdmissionConfig,
@@ -16,7 +16,7 @@ from gyre_train import (
     run_ablation,
     stored_execution,
 )
-from gyre_train.testing import synthetic_execution
+from gyre_train.trajectories.testing import synthetic_execution
 from tests.unit.train.runs import catch_all, memory_store, record_trace
 
 

@@ -22,7 +22,7 @@ from gyre_train import (
     micro_step_loss,
     packed_token_logprobs,
 )
-from gyre_train.testing import synthetic_rows
+from gyre_train.trajectories.testing import synthetic_rows
 
 VOCAB = 97
 

@@ -24,7 +24,7 @@ from gyre_train import (
     micro_step_loss,
     select_oldest,
 )
-from gyre_train.testing import InMemoryGroupSource, synthetic_group
+from gyre_train.trajectories.testing import InMemoryGroupSource, synthetic_group
 
 N = 4
 

@@ -17,7 +17,7 @@ from gyre_train import (
     admit,
     materialize_rows,
 )
-from gyre_train.testing import synthetic_execution
+from gyre_train.trajectories.testing import synthetic_execution
 
 
 def _node(ids: list[int], trainable: list[bool]) -> NodeTokens:

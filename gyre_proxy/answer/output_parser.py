@@ -1,0 +1,310 @@
+"""Qwen3 output text into content blocks: reasoning, tool calls (Hermes format), plain text.
+
+``OutputParser`` is fed text chunks as the engine streams them and returns ``StreamEvent``s;
+``parse_output`` does the same in one shot. Both run the same state machine, so any chunking
+gives the same blocks. Malformed markup is never an error: it stays in the text. Rules:
+
+- Reasoning. Output that starts (after whitespace) with ``<think>`` is reasoning up to the
+  first ``</think>``, or to the end when unclosed. With ``thinking_open`` (the request had
+  thinking on and the chat template may have opened ``<think>`` in the prompt, as Qwen3
+  thinking templates do) the output is reasoning from its start, a leading ``<think>`` is
+  skipped. Any other ``<think>`` or ``</think>`` is plain text.
+- Tool calls. ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number, each
+  a ``ToolUseBlock`` whose ``input_json`` is the arguments object's text exactly as sampled.
+  Bad JSON, a missing or empty name, non-object arguments or a missing ``</tool_call>`` leave
+  the whole span as text; missing ``arguments`` means ``{}``.
+- Text. Everything else; each block is stripped of surrounding whitespace and whitespace-only
+  blocks are dropped, so the newlines Qwen3 puts around its tags never reach the harness.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+import msgspec
+
+from gyre_proxy.chat.answerer import (
+    BlockKind,
+    BlockStart,
+    BlockStop,
+    MessageDone,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolInputDelta,
+)
+from gyre_proxy.chat.messages import Block, ChatResponse, StopReason, TextBlock, ThinkingBlock, ToolUseBlock
+from gyre_proxy.engines.types import FinishKind
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+
+
+def new_tool_use_id() -> str:
+    """``toolu_`` and 24 URL-safe random characters (Anthropic's shape; OpenAI accepts it)."""
+    return "toolu_" + secrets.token_urlsafe(18)
+
+
+class _ToolCall(msgspec.Struct):
+    name: str
+    arguments: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_tool_call_decoder = msgspec.json.Decoder(_ToolCall)
+
+
+def parse_tool_call(body: str) -> tuple[str, str] | None:
+    """``(name, raw arguments JSON)`` from the text between the tags, or None if malformed."""
+    try:
+        call = _tool_call_decoder.decode(body.encode())
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    raw = bytes(call.arguments).decode()
+    if not call.name.strip() or not raw.startswith("{"):
+        return None
+    return call.name, raw
+
+
+def _held_prefix(buf: str, tag: str) -> int:
+    """Length of the longest suffix of ``buf`` that is a proper prefix of ``tag``."""
+    for n in range(min(len(buf), len(tag) - 1), 0, -1):
+        if tag.startswith(buf[-n:]):
+            return n
+    return 0
+
+
+class _Segment:
+    """One text or thinking block being written: stripped at both ends, opened lazily."""
+
+    def __init__(self, kind: BlockKind, index: int) -> None:
+        self.kind = kind
+        self.index = index
+        self.started = False
+        self.text: list[str] = []
+        self._ws = ""  # trailing whitespace held back until more text follows
+
+    def push(self, text: str, out: list[StreamEvent]) -> None:
+        if not self.started:
+            text = text.lstrip()
+            if not text:
+                return
+            self.started = True
+            out.append(BlockStart(self.index, self.kind))
+        text = self._ws + text
+        body = text.rstrip()
+        self._ws = text[len(body) :]
+        if body:
+            self.text.append(body)
+            out.append(
+                TextDelta(self.index, body)
+                if self.kind is BlockKind.TEXT
+                else ThinkingDelta(self.index, body)
+            )
+
+    def close(self, out: list[StreamEvent]) -> Block | None:
+        if not self.started:
+            return None
+        out.append(BlockStop(self.index))
+        text = "".join(self.text)
+        return TextBlock(text) if self.kind is BlockKind.TEXT else ThinkingBlock(text)
+
+
+class OutputParser:
+    """Incremental parser: ``feed`` text chunks, then ``finish`` once; see the module rules."""
+
+    def __init__(
+        self, *, thinking_open: bool = False, id_factory: Callable[[], str] = new_tool_use_id
+    ) -> None:
+        self._thinking_open = thinking_open
+        self._new_id = id_factory
+        self._buf = ""
+        self._state = "start"  # start | think | text | tool
+        self._next_index = 0
+        self._segment: _Segment | None = None
+        self._blocks: list[Block] = []
+        self._finished = False
+        self._scanned = 0  # how far the open tool call's text was searched for its end tag
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """The blocks closed so far (all of them after ``finish``)."""
+        return tuple(self._blocks)
+
+    @property
+    def has_tool_use(self) -> bool:
+        return any(isinstance(b, ToolUseBlock) for b in self._blocks)
+
+    def feed(self, chunk: str) -> list[StreamEvent]:
+        """Events for ``chunk``; text that may begin a tag is held back until it is decided."""
+        if self._finished:
+            raise RuntimeError("OutputParser.feed after finish")
+        self._buf += chunk
+        out: list[StreamEvent] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def finish(
+        self,
+        finish: FinishKind,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        stop_sequence: str | None = None,
+    ) -> list[StreamEvent]:
+        """Flush held text, close the open block and end with ``MessageDone``."""
+        out = self.flush()
+        reason, seq = stop_reason_for(finish, has_tool_use=self.has_tool_use, stop_sequence=stop_sequence)
+        out.append(MessageDone(reason, input_tokens, output_tokens, seq))
+        return out
+
+    def flush(self) -> list[StreamEvent]:
+        """End of output: everything still held is decided as if no more text could come."""
+        out: list[StreamEvent] = []
+        if self._finished:
+            return out
+        while self._step(out, final=True):
+            pass
+        self._close_segment(out)
+        self._finished = True
+        return out
+
+    # -- the state machine ----------------------------------------------------------------------
+
+    def _segment_for(self, kind: BlockKind) -> _Segment:
+        if self._segment is None:
+            self._segment = _Segment(kind, self._next_index)
+        return self._segment
+
+    def _close_segment(self, out: list[StreamEvent]) -> None:
+        if self._segment is None:
+            return
+        block = self._segment.close(out)
+        if block is not None:
+            self._blocks.append(block)
+            self._next_index += 1
+        self._segment = None
+
+    def _step(self, out: list[StreamEvent], *, final: bool) -> bool:
+        """Consume what can be decided now; True if the state changed and another step may help."""
+        if self._state == "start":
+            return self._step_start(final)
+        if self._state == "think":
+            return self._step_think(out, final)
+        if self._state == "text":
+            return self._step_text(out, final)
+        return self._step_tool(out, final)
+
+    def _step_start(self, final: bool) -> bool:
+        head = self._buf.lstrip()
+        if not final and (not head or (THINK_OPEN.startswith(head) and head != THINK_OPEN)):
+            return False  # cannot tell yet whether a <think> opens the output
+        if head.startswith(THINK_OPEN):
+            self._buf = head[len(THINK_OPEN) :]
+            self._state = "think"
+        else:
+            self._state = "think" if self._thinking_open else "text"
+        return True
+
+    def _step_think(self, out: list[StreamEvent], final: bool) -> bool:
+        segment = self._segment_for(BlockKind.THINKING)
+        end = self._buf.find(THINK_CLOSE)
+        if end >= 0:
+            segment.push(self._buf[:end], out)
+            self._buf = self._buf[end + len(THINK_CLOSE) :]
+            self._close_segment(out)
+            self._state = "text"
+            return True
+        keep = 0 if final else _held_prefix(self._buf, THINK_CLOSE)
+        segment.push(self._buf[: len(self._buf) - keep], out)
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _step_text(self, out: list[StreamEvent], final: bool) -> bool:
+        segment = self._segment_for(BlockKind.TEXT)
+        start = self._buf.find(TOOL_OPEN)
+        if start >= 0:
+            segment.push(self._buf[:start], out)
+            self._buf = self._buf[start + len(TOOL_OPEN) :]
+            self._state = "tool"
+            return True
+        keep = 0 if final else _held_prefix(self._buf, TOOL_OPEN)
+        segment.push(self._buf[: len(self._buf) - keep], out)
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _step_tool(self, out: list[StreamEvent], final: bool) -> bool:
+        # Long tool calls (a file being written) arrive a token at a time: search only the
+        # new text, so a call costs linear rather than quadratic time.
+        end = self._buf.find(TOOL_CLOSE, self._scanned)
+        if end < 0:
+            self._scanned = max(0, len(self._buf) - len(TOOL_CLOSE) + 1)
+            if final:  # unterminated: the tag and all after it are text
+                self._segment_for(BlockKind.TEXT).push(TOOL_OPEN + self._buf, out)
+                self._buf = ""
+                self._state = "text"
+                self._scanned = 0
+            return False
+        body = self._buf[:end]
+        self._buf = self._buf[end + len(TOOL_CLOSE) :]
+        self._state = "text"
+        self._scanned = 0
+        parsed = parse_tool_call(body)
+        if parsed is None:
+            self._segment_for(BlockKind.TEXT).push(TOOL_OPEN + body + TOOL_CLOSE, out)
+            return True
+        self._close_segment(out)
+        name, arguments = parsed
+        index, tool_id = self._next_index, self._new_id()
+        out.append(BlockStart(index, BlockKind.TOOL_USE, tool_use_id=tool_id, tool_name=name))
+        out.append(ToolInputDelta(index, arguments))
+        out.append(BlockStop(index))
+        self._blocks.append(ToolUseBlock(tool_id, name, arguments))
+        self._next_index += 1
+        return True
+
+
+def stop_reason_for(
+    finish: FinishKind, *, has_tool_use: bool, stop_sequence: str | None = None
+) -> tuple[StopReason, str | None]:
+    """tool_use if a call parsed; else a matched stop sequence, max_tokens on length, end_turn.
+
+    An ABORT finish is reported as end_turn: the core retries aborted requests itself and
+    should not let one reach the parser.
+    """
+    if has_tool_use:
+        return StopReason.TOOL_USE, None
+    if stop_sequence is not None:
+        return StopReason.STOP_SEQUENCE, stop_sequence
+    if finish is FinishKind.LENGTH:
+        return StopReason.MAX_TOKENS, None
+    return StopReason.END_TURN, None
+
+
+def parse_output(
+    text: str,
+    *,
+    finish: FinishKind = FinishKind.STOP,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    stop_sequence: str | None = None,
+    thinking_open: bool = False,
+    id_factory: Callable[[], str] = new_tool_use_id,
+) -> ChatResponse:
+    """One-shot parse of a whole sampled output into a ``ChatResponse``."""
+    parser = OutputParser(thinking_open=thinking_open, id_factory=id_factory)
+    parser.feed(text)
+    parser.flush()
+    reason, seq = stop_reason_for(finish, has_tool_use=parser.has_tool_use, stop_sequence=stop_sequence)
+    return ChatResponse(
+        blocks=parser.blocks,
+        stop_reason=reason,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        stop_sequence=seq,
+    )

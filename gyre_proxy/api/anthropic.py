@@ -1,0 +1,452 @@
+"""The Anthropic Messages API: ``POST /v1/messages`` (streaming or not) and ``count_tokens``.
+
+Requests are validated strictly and translated into a ``ChatRequest``; the core's
+``ChatResponse`` or ``StreamEvent``s go back out as a message object or the full SSE event
+sequence. Fields the policy cannot honour (``cache_control``, ``output_config``,
+``context_management``, ``metadata``, ``tool_choice``, ...) are accepted and ignored; the raw
+body stays on ``request.state.raw_body``. Images become a text placeholder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gyre_proxy.api.errors import (
+    ApiError,
+    InvalidRequest,
+    anthropic_error_body,
+    as_api_error,
+    authenticate,
+    error_headers,
+    read_body,
+)
+from gyre_proxy.api.sse import (
+    SSE_HEADERS,
+    SSEResponse,
+    StreamFraming,
+    named_event,
+    open_stream,
+)
+from gyre_proxy.chat.answerer import (
+    BlockKind,
+    BlockStart,
+    BlockStop,
+    KeyResolver,
+    MessageDone,
+    MessageStart,
+    ProxyCore,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+)
+from gyre_proxy.chat.messages import (
+    Block,
+    ChatRequest,
+    ChatResponse,
+    Message,
+    Role,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
+
+if TYPE_CHECKING:
+    from gyre_proxy.api.app import ApiSettings
+
+JSON = "application/json"
+SYSTEM_SEPARATOR = "\n\n"  # between system blocks and folded role:"system" messages
+IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
+
+# -- the request as sent ------------------------------------------------------------------------
+
+
+class _Text(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class _Image(msgspec.Struct, tag_field="type", tag="image"):
+    pass
+
+
+class _Thinking(msgspec.Struct, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str = ""
+
+
+class _RedactedThinking(msgspec.Struct, tag_field="type", tag="redacted_thinking"):
+    pass
+
+
+class _ToolUse(msgspec.Struct, tag_field="type", tag="tool_use"):
+    id: str
+    name: str
+    input: msgspec.Raw
+
+
+class _ToolResult(msgspec.Struct, tag_field="type", tag="tool_result"):
+    tool_use_id: str
+    content: str | list[_Text | _Image] = ""
+    is_error: bool = False
+
+
+_Content = _Text | _Image | _Thinking | _RedactedThinking | _ToolUse | _ToolResult
+
+
+class _Message(msgspec.Struct):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[_Content]
+
+
+class _Tool(msgspec.Struct):
+    name: str
+    description: str = ""
+    input_schema: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _ThinkingConfig(msgspec.Struct):
+    type: str
+
+
+class MessagesBody(msgspec.Struct):
+    """The fields of a Messages request gyre reads; unknown fields are ignored."""
+
+    model: str
+    messages: list[_Message]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    system: str | list[_Text] | None = None
+    tools: list[_Tool] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    thinking: _ThinkingConfig | None = None
+    metadata: dict[str, Any] | None = None
+    stream: bool = False
+
+
+_decoder = msgspec.json.Decoder(MessagesBody)
+
+
+def decode_body(raw: bytes) -> MessagesBody:
+    """The typed request, or ``InvalidRequest`` naming the offending field."""
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from exc
+
+
+def _result_text(content: str | list[_Text | _Image]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.text if isinstance(p, _Text) else IMAGE_PLACEHOLDER for p in content)
+
+
+def _json_object(raw: msgspec.Raw, where: str) -> str:
+    text = bytes(raw).decode()
+    if not text.startswith("{"):
+        raise InvalidRequest(f"{where}: must be a JSON object")
+    return text
+
+
+def _blocks(role: str, content: list[_Content], at: str, tool_ids: set[str]) -> list[Block]:
+    blocks: list[Block] = []
+    for j, part in enumerate(content):
+        where = f"{at}.content.{j}"
+        if isinstance(part, _Text):
+            blocks.append(TextBlock(part.text))
+        elif isinstance(part, _Image):
+            blocks.append(TextBlock(IMAGE_PLACEHOLDER))
+        elif isinstance(part, _RedactedThinking):
+            continue  # opaque to a non-Anthropic model
+        elif role != "assistant" and isinstance(part, _Thinking | _ToolUse):
+            raise InvalidRequest(
+                f"{where}: a {role} message cannot hold a {part.__struct_config__.tag} block"
+            )
+        elif isinstance(part, _Thinking):
+            blocks.append(ThinkingBlock(part.thinking, part.signature))
+        elif isinstance(part, _ToolUse):
+            tool_ids.add(part.id)
+            blocks.append(ToolUseBlock(part.id, part.name, _json_object(part.input, f"{where}.input")))
+        elif role != "user":
+            raise InvalidRequest(f"{where}: tool_result blocks belong in user messages")
+        elif part.tool_use_id not in tool_ids:
+            raise InvalidRequest(
+                f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: {part.tool_use_id}. "
+                "Each `tool_result` block must have a corresponding `tool_use` block in an earlier message."
+            )
+        else:
+            blocks.append(ToolResultBlock(part.tool_use_id, _result_text(part.content), part.is_error))
+    return blocks
+
+
+def to_chat_request(body: MessagesBody, *, require_max_tokens: bool = True) -> ChatRequest:
+    """Translate a decoded Messages request; ``InvalidRequest`` on what the API would refuse."""
+    if require_max_tokens and body.max_tokens is None:
+        raise InvalidRequest("max_tokens: Field required")
+    if not body.messages:
+        raise InvalidRequest("messages: at least one message is required")
+    system: list[str] = []
+    if isinstance(body.system, str):
+        system.append(body.system)
+    elif body.system is not None:
+        system.extend(b.text for b in body.system)
+    messages: list[Message] = []
+    tool_ids: set[str] = set()
+    last = len(body.messages) - 1
+    for i, m in enumerate(body.messages):
+        at = f"messages.{i}"
+        if isinstance(m.content, str):
+            content: list[_Content] = [_Text(m.content)]
+        elif not m.content and not (i == last and m.role == "assistant"):
+            raise InvalidRequest(
+                f"{at}: all messages must have non-empty content except the final assistant message"
+            )
+        else:
+            content = m.content
+        if m.role == "system":
+            # Claude Code sends some system text as role:"system" messages: it joins the system prompt.
+            if not all(isinstance(p, _Text) for p in content):
+                raise InvalidRequest(f"{at}: system messages may hold only text blocks")
+            system.extend(p.text for p in content if isinstance(p, _Text))
+            continue
+        messages.append(Message(Role(m.role), tuple(_blocks(m.role, content, at, tool_ids))))
+    if not messages:
+        raise InvalidRequest("messages: at least one user or assistant message is required")
+    tools = tuple(
+        ToolSpec(t.name, t.description, _compact_schema(t.input_schema, f"tools.{k}"))
+        for k, t in enumerate(body.tools or ())
+    )
+    chat = ChatRequest(
+        system=SYSTEM_SEPARATOR.join(system),
+        messages=tuple(messages),
+        tools=tools,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=tuple(body.stop_sequences or ()),
+        thinking=body.thinking is not None and body.thinking.type in ("enabled", "adaptive"),
+        model=body.model,
+    )
+    return chat if body.max_tokens is None else msgspec.structs.replace(chat, max_tokens=body.max_tokens)
+
+
+def _compact_schema(raw: msgspec.Raw, where: str) -> str:
+    if bytes(raw).strip() == b"null":
+        return "{}"
+    return msgspec.json.encode(msgspec.json.decode(_json_object(raw, f"{where}.input_schema"))).decode()
+
+
+# -- the answer ---------------------------------------------------------------------------------
+
+
+def new_message_id() -> str:
+    return "msg_" + secrets.token_urlsafe(18)
+
+
+def thinking_signature(thinking: str) -> str:
+    """A stable stand-in for Anthropic's signature: harnesses send thinking back with it."""
+    return "gyre1." + hashlib.blake2b(thinking.encode(), digest_size=16).hexdigest()
+
+
+def _raw_json_object(text: str) -> msgspec.Raw:
+    try:
+        msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return msgspec.Raw(b"{}")
+    return msgspec.Raw(text.encode())
+
+
+def content_block(block: Block) -> dict[str, Any]:
+    """One content block of a message object, as the API answers it."""
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ThinkingBlock):
+        signature = block.signature or thinking_signature(block.thinking)
+        return {"type": "thinking", "thinking": block.thinking, "signature": signature}
+    if isinstance(block, ToolUseBlock):
+        return {
+            "type": "tool_use",
+            "id": block.id,
+            "name": block.name,
+            "input": _raw_json_object(block.input_json),
+        }
+    raise InvalidRequest("a tool_result block cannot be part of an answer")
+
+
+def message_object(response: ChatResponse, *, message_id: str, model: str) -> dict[str, Any]:
+    """The non-streaming answer: a ``message`` object."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [content_block(b) for b in response.blocks],
+        "stop_reason": response.stop_reason.value,
+        "stop_sequence": response.stop_sequence,
+        "usage": _usage(response.input_tokens, response.output_tokens),
+    }
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return named_event(str(payload["type"]), msgspec.json.encode(payload))
+
+
+PING = _sse({"type": "ping"})
+
+
+class StreamEncoder:
+    """Turns the core's ``StreamEvent``s into Anthropic SSE events, in Anthropic's order.
+
+    Block indices are renumbered from 0 in order of appearance, open blocks are closed before
+    ``message_delta``, and a thinking block gets its ``signature_delta`` just before its stop.
+    """
+
+    def __init__(self, *, message_id: str, model: str) -> None:
+        self.message_id = message_id
+        self.model = model
+        self.done = False
+        self._wire: dict[int, int] = {}  # core index -> wire index
+        self._open: dict[int, BlockKind] = {}  # wire index -> kind, while open
+        self._thinking: dict[int, list[str]] = {}
+
+    def start(self, input_tokens: int) -> bytes:
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(input_tokens, 0),
+        }
+        return _sse({"type": "message_start", "message": message})
+
+    def _stop(self, index: int) -> list[bytes]:
+        out: list[bytes] = []
+        if self._open.pop(index) is BlockKind.THINKING:
+            signature = thinking_signature("".join(self._thinking.pop(index, [])))
+            delta = {"type": "signature_delta", "signature": signature}
+            out.append(_sse({"type": "content_block_delta", "index": index, "delta": delta}))
+        out.append(_sse({"type": "content_block_stop", "index": index}))
+        return out
+
+    def encode(self, event: StreamEvent) -> list[bytes]:
+        if isinstance(event, MessageStart) or self.done:
+            return []
+        if isinstance(event, BlockStart):
+            index = self._wire[event.index] = len(self._wire)
+            self._open[index] = event.kind
+            block: dict[str, Any] = {"type": "text", "text": ""}
+            if event.kind is BlockKind.THINKING:
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+                self._thinking[index] = []
+            elif event.kind is BlockKind.TOOL_USE:
+                block = {"type": "tool_use", "id": event.tool_use_id, "name": event.tool_name, "input": {}}
+            return [_sse({"type": "content_block_start", "index": index, "content_block": block})]
+        if isinstance(event, MessageDone):
+            out = [frame for index in list(self._open) for frame in self._stop(index)]
+            ending = {"stop_reason": event.stop_reason.value, "stop_sequence": event.stop_sequence}
+            usage = {"input_tokens": event.input_tokens, "output_tokens": event.output_tokens}
+            out.append(_sse({"type": "message_delta", "delta": ending, "usage": usage}))
+            out.append(_sse({"type": "message_stop"}))
+            self.done = True
+            return out
+        index = self._wire.get(event.index, -1)
+        if index not in self._open:
+            return []  # a delta or stop for a block that is not open: nothing valid to send
+        if isinstance(event, BlockStop):
+            return self._stop(index)
+        if isinstance(event, TextDelta):
+            delta: dict[str, str] = {"type": "text_delta", "text": event.text}
+        elif isinstance(event, ThinkingDelta):
+            self._thinking[index].append(event.thinking)
+            delta = {"type": "thinking_delta", "thinking": event.thinking}
+        else:
+            delta = {"type": "input_json_delta", "partial_json": event.partial_json}
+        return [_sse({"type": "content_block_delta", "index": index, "delta": delta})]
+
+
+def error_event(err: ApiError) -> bytes:
+    return named_event("error", anthropic_error_body(err))
+
+
+def error_response(exc: BaseException) -> Response:
+    err = as_api_error(exc)
+    return Response(
+        anthropic_error_body(err),
+        status_code=err.anthropic_status,
+        headers=error_headers(err),
+        media_type=JSON,
+    )
+
+
+# -- the routes ---------------------------------------------------------------------------------
+
+
+def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
+    """``/v1/messages`` and ``/v1/messages/count_tokens`` over ``core``."""
+
+    async def parse(request: Request, *, require_max_tokens: bool) -> tuple[MessagesBody, ChatRequest]:
+        raw = await read_body(request, settings.max_body_bytes)
+        request.state.raw_body = raw
+        body = decode_body(raw)
+        chat = to_chat_request(body, require_max_tokens=require_max_tokens)
+        request.state.chat_request = chat
+        return body, chat
+
+    async def messages(request: Request) -> Response:
+        try:
+            execution = await authenticate(request, keys)
+            body, chat = await parse(request, require_max_tokens=True)
+            encoder = StreamEncoder(message_id=new_message_id(), model=body.model)
+            if not body.stream:
+                response = await core.complete(execution, chat)
+                answer = message_object(response, message_id=encoder.message_id, model=body.model)
+                return Response(msgspec.json.encode(answer), media_type=JSON)
+            pump, first = await open_stream(core.stream(execution, chat), settings.stream_start_timeout_s)
+        except Exception as exc:
+            return error_response(exc)
+        framing = StreamFraming[StreamEvent](
+            opening=lambda first: (
+                encoder.start(first.input_tokens if isinstance(first, MessageStart) else 0),
+                PING,
+            ),
+            encode=encoder.encode,
+            ping=PING,
+            error=error_event,
+            finished=lambda: encoder.done,
+        )
+        return SSEResponse(pump, first, framing, settings.ping_interval_s, headers=SSE_HEADERS)
+
+    async def count_tokens(request: Request) -> Response:
+        try:
+            execution = await authenticate(request, keys)
+            _, chat = await parse(request, require_max_tokens=False)
+            count = await core.count_tokens(execution, chat)
+        except Exception as exc:
+            return error_response(exc)
+        return Response(msgspec.json.encode({"input_tokens": count}), media_type=JSON)
+
+    return [
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    ]

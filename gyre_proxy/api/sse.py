@@ -1,0 +1,241 @@
+"""Server-sent events for both adapters: framing, a pump that ticks while the core is quiet,
+and a streaming response that always closes the core's stream.
+
+Closing matters: the core aborts its engine request when its async generator is closed, so
+a harness that hangs up mid-answer must not leave a generation running. This module knows
+nothing of either API's event names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gyre_proxy.api.errors import ApiError, as_api_error
+
+T = TypeVar("T")
+
+SSE_MEDIA_TYPE = "text/event-stream"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+COMMENT_PING = b": ping\n\n"
+DATA_DONE = b"data: [DONE]\n\n"
+
+
+def named_event(name: str, payload: bytes) -> bytes:
+    """One SSE event with an ``event:`` line, as the Anthropic API sends them."""
+    return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def data_event(payload: bytes) -> bytes:
+    """One SSE event with only a ``data:`` line, as the OpenAI API sends them."""
+    return b"data: " + payload + b"\n\n"
+
+
+class Pulse(enum.Enum):
+    """What ``EventPump.next`` returns when it has no item."""
+
+    TICK = "tick"  # the timeout passed with nothing new
+    END = "end"  # the source is exhausted
+
+
+class EventPump(Generic[T]):
+    """Reads an async iterator with a timeout that does not disturb it.
+
+    ``asyncio.wait_for(anext(it))`` would cancel the generator on every timeout; here the
+    pending ``anext`` runs in a task that survives timeouts and is only cancelled by
+    ``aclose``. Exceptions from the source propagate out of ``next``.
+    """
+
+    def __init__(self, source: AsyncIterator[T]) -> None:
+        self._source = source
+        self._pending: asyncio.Task[T | Pulse] | None = None
+        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    async def _advance(self) -> T | Pulse:
+        try:
+            return await anext(self._source)
+        except StopAsyncIteration:
+            return Pulse.END
+
+    async def next(self, timeout_s: float | None) -> T | Pulse:
+        """The next item, ``Pulse.TICK`` after ``timeout_s`` of silence, or ``Pulse.END``."""
+        if self._closed:
+            return Pulse.END
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._advance())
+        task = self._pending
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            return Pulse.TICK
+        if self._pending is task:
+            self._pending = None
+        if task.cancelled() and self._closed:
+            return Pulse.END  # closed (by the client going away) while this read waited
+        item = task.result()
+        if item is Pulse.END:
+            self._closed = True
+        return item
+
+    async def aclose(self) -> None:
+        """Stop the source: cancel a pending read, then close the generator. Idempotent.
+
+        A second caller (the response ending while the disconnect watcher closes the pump)
+        waits until the first one's close is complete: the core's cleanup is not cut short.
+        """
+        self._closed = True
+        if self._closing is not None:
+            with anyio.CancelScope(shield=True):
+                await asyncio.shield(self._closing)
+            return
+        self._closing = asyncio.get_running_loop().create_future()
+        try:
+            await self._close()
+        finally:
+            self._closing.set_result(None)
+
+    async def _close(self) -> None:
+        pending, self._pending = self._pending, None
+        with anyio.CancelScope(shield=True):
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+            aclose = getattr(self._source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+
+async def open_stream(source: AsyncIterator[T], timeout_s: float) -> tuple[EventPump[T], T | Pulse]:
+    """A pump over ``source`` and its first item, waiting at most ``timeout_s`` for it.
+
+    The wait lets a request the core refuses at once (context too long, overloaded) get a
+    proper HTTP status; an error raised within it is re-raised after closing the source.
+    """
+    pump = EventPump(source)
+    try:
+        first = await pump.next(timeout_s)
+    except BaseException:
+        await pump.aclose()
+        raise
+    return pump, first
+
+
+class StreamFraming(Generic[T]):
+    """How one API writes a stream: its opening frames, events, pings and errors."""
+
+    def __init__(
+        self,
+        *,
+        opening: Callable[[T | Pulse], Sequence[bytes]],
+        encode: Callable[[T], Sequence[bytes]],
+        ping: bytes,
+        error: Callable[[ApiError], bytes],
+        finished: Callable[[], bool],
+    ) -> None:
+        self.opening = opening
+        self.encode = encode
+        self.ping = ping
+        self.error = error
+        self.finished = finished
+
+
+class SSEResponse(Response):
+    """The streaming answer: the pump's items framed as SSE, until the stream is finished.
+
+    Starlette's ``StreamingResponse`` would spend a task group (two tasks, cancel scopes)
+    on every answer and one ASGI send per frame; this writes each item's frames in one
+    send, ends the body in the same send as the finishing item's frames, and watches for
+    the client going away from a single task. The pump is closed however the response ends, so the
+    core aborts its engine request when the harness hangs up mid-answer.
+    """
+
+    media_type = SSE_MEDIA_TYPE
+
+    def __init__(
+        self,
+        pump: EventPump[T],
+        first: T | Pulse,
+        framing: StreamFraming[T],
+        ping_interval_s: float,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self._pump: EventPump[Any] = pump
+        self._first: Any = first
+        self._framing: StreamFraming[Any] = framing
+        self._ping_interval_s = ping_interval_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = self._pump
+        framing = self._framing
+        watcher = asyncio.ensure_future(_close_on_disconnect(receive, pump))
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            frames = list(framing.opening(self._first))
+            item = self._first
+            while True:
+                try:
+                    last = _frames(item, framing, frames)
+                except Exception as exc:  # the status line is sent: errors now travel as an event
+                    frames.append(framing.error(as_api_error(exc)))
+                    last = True
+                if last:
+                    await send({"type": "http.response.body", "body": b"".join(frames), "more_body": False})
+                    return
+                # The finishing frames wait for the source's end (at once, from the core) so
+                # they and the end of the body go out together; a quiet source gets them anyway.
+                if frames and (not framing.finished() or item is Pulse.TICK):
+                    await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
+                    frames.clear()
+                try:
+                    item = await pump.next(self._ping_interval_s)
+                except Exception as exc:
+                    frames.append(framing.error(as_api_error(exc)))
+                    item = _FAILED
+        finally:
+            # Close first: if the watcher is closing the pump already, this waits for it.
+            with anyio.CancelScope(shield=True):
+                await pump.aclose()
+            watcher.cancel()
+
+
+_FAILED = object()  # the source raised; its error frame is already queued
+
+
+def _frames(item: object, framing: StreamFraming[Any], out: list[bytes]) -> bool:
+    """Append ``item``'s frames to ``out``; True when the stream ends with them."""
+    if item is _FAILED:
+        return True
+    if item is Pulse.END:
+        if not framing.finished():
+            out.append(framing.error(ApiError("the model's answer ended before it was complete")))
+        return True
+    if item is Pulse.TICK:
+        out.append(framing.ping)
+        return False
+    out.extend(framing.encode(item))
+    return False
+
+
+async def _close_on_disconnect(receive: Receive, pump: EventPump[Any]) -> None:
+    """Close the pump (so the core stops its engine request) once the client goes away."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # the server cannot tell any more; the response's end still closes it
+        return
+    await pump.aclose()

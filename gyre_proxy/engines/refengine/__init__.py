@@ -1,0 +1,38 @@
+"""gyre's reference engine: a small PyTorch causal LM served with SGLang's native HTTP API."""
+
+from __future__ import annotations
+
+from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig, RequestRejected
+from gyre_proxy.engines.refengine.model import (
+    DEFAULT_MODEL_CONFIG,
+    LoadedModel,
+    ModelSource,
+    load_model,
+    save_model_dir,
+)
+from gyre_proxy.engines.refengine.runner import ReferenceEngineServer, free_port, serve
+from gyre_proxy.engines.refengine.scripted import ScriptedPolicy, ScriptEntry, ScriptRule
+from gyre_proxy.engines.refengine.server import build_app
+from gyre_proxy.engines.refengine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+
+__all__ = [
+    "DEFAULT_MODEL_CONFIG",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "LoadedModel",
+    "ModelSource",
+    "ReferenceEngine",
+    "ReferenceEngineConfig",
+    "ReferenceEngineServer",
+    "RequestRejected",
+    "ScriptEntry",
+    "ScriptRule",
+    "ScriptedPolicy",
+    "Tokenizer",
+    "build_app",
+    "free_port",
+    "load_model",
+    "load_tokenizer",
+    "save_model_dir",
+    "serve",
+]

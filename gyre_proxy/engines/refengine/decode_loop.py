@@ -1,0 +1,259 @@
+"""The reference engine's scheduler: one thread interleaving decode steps of all requests.
+
+Every admitted request keeps its own KV cache; each pass of the loop advances every active
+request by one token, so concurrent requests progress together and a new one starts on the
+next pass. Work that must not overlap decoding (weight updates) runs as an exclusive job:
+admission pauses, in-flight requests finish (or are aborted when the job asks), the job runs,
+admission resumes -- the same ordering SGLang's model-update lock gives. It deliberately
+does not batch forward passes across requests: correctness first, and the model is tiny.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from gyre_proxy.engines.refengine.model import LoadedModel
+from gyre_proxy.engines.refengine.sampling import choose
+from gyre_proxy.engines.types import Finish, FinishKind, SamplingConfig
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+ABORT_MESSAGE = "Abort by /abort_request"
+ABORT_WAITING_MESSAGE = "Abort in waiting queue"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one decode step produced for one request; ``finish`` is set on its last event."""
+
+    token: int | None
+    logprob: float | None
+    finish: Finish | None
+    weight_version: str
+
+
+EventSink = Callable[[StepEvent], None]
+
+
+@dataclass
+class _Request:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingConfig
+    sink: EventSink
+    forced: tuple[int, ...] | None
+    generator: torch.Generator
+    cache: Any = None
+    next_logits: torch.Tensor | None = None  # [vocab], logits for the next position
+    produced: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    run: Callable[[], Any]
+    future: Future[Any]
+    abort_all: bool
+
+
+class DecodeLoop:
+    """Owns the model on its own thread; every other thread talks to it through methods."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        context_length: int,
+        weight_version: str,
+        return_original_logprob: bool = False,
+        torch_threads: int = 1,
+    ) -> None:
+        self.loaded = loaded
+        self.torch_threads = torch_threads
+        self.context_length = context_length
+        self.weight_version = weight_version
+        self.return_original_logprob = return_original_logprob
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._active: dict[str, _Request] = {}
+        self._aborts: dict[str | None, str] = {}  # rid (None: all) -> message
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="gyre-decode-loop", daemon=True)
+
+    # -- called from other threads ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return len(self._waiting) + len(self._active)
+
+    def submit(
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling: SamplingConfig,
+        sink: EventSink,
+        *,
+        forced: tuple[int, ...] | None = None,
+        seed: int,
+    ) -> None:
+        """Queue a validated request; ``sink`` receives its events on the loop thread."""
+        generator = torch.Generator().manual_seed(seed)
+        request = _Request(rid, input_ids, sampling, sink, forced, generator)
+        with self._cond:
+            self._waiting.append(request)
+            self._cond.notify_all()
+
+    def abort(self, rid: str | None, message: str = ABORT_MESSAGE) -> None:
+        """Finish ``rid`` (every request when None) with finish reason abort; unknown rids are ignored."""
+        with self._cond:
+            self._aborts[rid] = message
+            self._cond.notify_all()
+
+    def run_exclusive(self, run: Callable[[], T], *, abort_all: bool = False) -> Future[T]:
+        """Run ``run`` on the loop thread once no request is in flight; admission waits meanwhile."""
+        future: Future[T] = Future()
+        with self._cond:
+            self._jobs.append(_Job(run, future, abort_all))
+            self._cond.notify_all()
+        return future
+
+    # -- the loop thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        # One intra-op thread by default: for a tiny model, OpenMP teams cost more than they
+        # save, and spinning workers starve the HTTP threads (about 10x slower on 2 cores).
+        torch.set_num_threads(self.torch_threads)
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._waiting or self._active or self._jobs or self._aborts):
+                        self._cond.wait()
+                    if self._stopping:
+                        self._abort_everything("engine shutting down")
+                        return
+                    self._apply_aborts()
+                    job = self._jobs[0] if self._jobs else None
+                    if job is not None and job.abort_all:
+                        self._abort_everything("Abort for weight update")
+                    if job is None:
+                        while self._waiting:
+                            request = self._waiting.popleft()
+                            self._active[request.rid] = request
+                    runnable = list(self._active.values())
+                if job is not None and not runnable:
+                    self._run_job(job)
+                    continue
+                for request in runnable:
+                    self._step(request)
+
+    def _apply_aborts(self) -> None:
+        for rid, message in self._aborts.items():
+            for request in [r for r in self._waiting if rid is None or r.rid == rid]:
+                self._waiting.remove(request)
+                self._finish(request, Finish(FinishKind.ABORT, message=ABORT_WAITING_MESSAGE))
+            for request in [r for r in self._active.values() if rid is None or r.rid == rid]:
+                self._finish(request, Finish(FinishKind.ABORT, message=message))
+        self._aborts.clear()
+
+    def _abort_everything(self, message: str) -> None:
+        self._aborts[None] = message
+        self._apply_aborts()
+
+    def _run_job(self, job: _Job) -> None:
+        with self._cond:
+            self._jobs.popleft()
+        try:
+            job.future.set_result(job.run())
+        except BaseException as exc:  # handed to the waiting caller, not swallowed
+            job.future.set_exception(exc)
+
+    def _finish(
+        self, request: _Request, finish: Finish, token: int | None = None, logprob: float | None = None
+    ) -> None:
+        self._active.pop(request.rid, None)
+        request.cache = None
+        request.sink(StepEvent(token, logprob, finish, self.weight_version))
+
+    def _forward(self, request: _Request, ids: list[int]) -> None:
+        from transformers import DynamicCache
+
+        if request.cache is None:
+            request.cache = DynamicCache(config=self.loaded.model.config)  # type: ignore[arg-type]
+        # Only the last position's logits are needed: a long prompt over a large vocabulary
+        # would otherwise materialise prompt_len x vocab logits.
+        out = self.loaded.model(
+            input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True, logits_to_keep=1
+        )
+        request.next_logits = out.logits[0, -1]
+
+    def _step(self, request: _Request) -> None:
+        try:
+            self._decode_one(request)
+        except Exception as exc:  # one broken request must not stop the loop
+            log.exception("request %s failed", request.rid)
+            with self._cond:
+                self._finish(request, Finish(FinishKind.ABORT, message=f"internal error: {exc}"))
+
+    def _decode_one(self, request: _Request) -> None:
+        sampling = request.sampling
+        if sampling.max_new_tokens <= 0:
+            with self._cond:
+                self._finish(request, Finish(FinishKind.LENGTH))
+            return
+        if request.next_logits is None:
+            self._forward(request, request.input_ids)  # prefill
+        assert request.next_logits is not None
+        position = len(request.produced)
+        forced = request.forced[position] if request.forced is not None else None
+        choice = choose(
+            request.next_logits,
+            sampling,
+            request.generator,
+            return_original_logprob=self.return_original_logprob,
+            forced=forced,
+        )
+        request.produced.append(choice.token)
+        finish = self._finish_reason(request, choice.token)
+        with self._cond:
+            if request.rid not in self._active:
+                return  # aborted by another thread between passes
+            if finish is not None:
+                self._finish(request, finish, choice.token, choice.logprob)
+                return
+            request.sink(StepEvent(choice.token, choice.logprob, None, self.weight_version))
+        self._forward(request, [choice.token])
+
+    def _finish_reason(self, request: _Request, token: int) -> Finish | None:
+        sampling = request.sampling
+        if token in sampling.stop_token_ids or (
+            not sampling.ignore_eos and token in self.loaded.eos_token_ids
+        ):
+            return Finish(FinishKind.STOP, matched=token)
+        produced = len(request.produced)
+        if produced >= sampling.max_new_tokens:
+            return Finish(FinishKind.LENGTH)
+        if len(request.input_ids) + produced >= self.context_length:
+            return Finish(FinishKind.LENGTH)
+        if request.forced is not None and produced >= len(request.forced):
+            # A scripted output ran out without a stop token: the script ends the turn.
+            return Finish(FinishKind.STOP)
+        return None

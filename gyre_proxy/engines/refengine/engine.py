@@ -1,0 +1,277 @@
+"""``ReferenceEngine``: the model, its decode loop and the state behind the HTTP API.
+
+It validates requests the way SGLang does (same limits, same messages), hands them to the
+``DecodeLoop``, and owns what SGLang keeps in its tokenizer manager: the weight version, the
+open weight-update session, the broadcast group, memory occupation, and gyre's own admission
+switch (``accepting``), which the scheduler flips during role transitions. HTTP lives in
+``server.py``; this module can be driven in-process, as the benchmark does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import torch
+
+from gyre_proxy.engines import wire as engine_api
+from gyre_proxy.engines.refengine.decode_loop import DecodeLoop, EventSink, StepEvent
+from gyre_proxy.engines.refengine.model import (
+    LoadedModel,
+    ModelSource,
+    load_model,
+    load_weights,
+    read_weights,
+)
+from gyre_proxy.engines.refengine.scripted import ScriptedPolicy
+from gyre_proxy.engines.types import SamplingConfig
+from gyre_proxy.engines.weights import (
+    GYRE_SAFETENSORS_FORMAT,
+    WeightUpdateGroup,
+    deserialize_safetensors,
+    dtype_from_name,
+)
+from gyre_proxy.exceptions import ModelLoadError, ReferenceEngineError
+
+
+@dataclass(frozen=True)
+class ReferenceEngineConfig:
+    """Everything the reference engine is built from."""
+
+    source: ModelSource = field(default_factory=ModelSource)
+    max_context: int = 2048
+    seed: int = 0
+    weight_version: str = "default"
+    script: Path | None = None
+    return_original_logprob: bool = False
+    incremental_streaming_output: bool = False
+    torch_threads: int = 1
+
+
+class RequestRejected(ReferenceEngineError):
+    """The engine refused a request; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ReferenceEngine:
+    """A served causal LM; a context manager that starts and stops its decode thread."""
+
+    def __init__(self, config: ReferenceEngineConfig, *, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.loaded = loaded or load_model(config.source)
+        self.context_length = min(config.max_context, self.loaded.max_positions)
+        self.policy = (
+            ScriptedPolicy.from_file(config.script, self.loaded.tokenizer) if config.script else None
+        )
+        if self.policy is not None:
+            self.policy.check_vocab(self.loaded.vocab_size)
+        self.loop = DecodeLoop(
+            self.loaded,
+            context_length=self.context_length,
+            weight_version=config.weight_version,
+            return_original_logprob=config.return_original_logprob,
+            torch_threads=config.torch_threads,
+        )
+        self.accepting = True
+        self.memory_released = False
+        self._seeds = random.Random(config.seed)
+        self._rids: set[str] = set()
+        self._lock = threading.Lock()
+        self._session_open = False
+        self._groups: dict[str, WeightUpdateGroup] = {}
+
+    def __enter__(self) -> Self:
+        self.loop.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.loop.stop()
+        for group in self._groups.values():
+            group.close()
+
+    @property
+    def weight_version(self) -> str:
+        return self.loop.weight_version
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def validate(self, request: engine_api.GenerateRequest) -> SamplingConfig:
+        """The request's sampling config; raises ``RequestRejected`` with SGLang's messages."""
+        if not self.accepting:
+            raise RequestRejected(engine_api.NOT_ACCEPTING_MESSAGE, 503)
+        if self.memory_released:
+            raise RequestRejected("engine memory is released; call /resume_memory_occupation", 503)
+        ids = request.input_ids
+        if not ids:
+            raise RequestRejected("input_ids is empty")
+        if any(not 0 <= token < self.loaded.vocab_size for token in ids):
+            raise RequestRejected(f"input_ids has ids outside the vocabulary of {self.loaded.vocab_size}")
+        if len(ids) >= self.context_length:
+            raise RequestRejected(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+        sampling = SamplingConfig.from_wire(request.sampling_params)
+        if sampling.max_new_tokens < 0 or sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+            raise RequestRejected(f"invalid sampling_params: {request.sampling_params}")
+        total = len(ids) + sampling.max_new_tokens
+        if total >= self.context_length:
+            raise RequestRejected(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens. You requested a total of {total} tokens: {len(ids)} "
+                f"tokens from the input messages and {sampling.max_new_tokens} tokens for the "
+                "completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit."
+            )
+        return sampling
+
+    def submit(self, request: engine_api.GenerateRequest, rid: str, sink: EventSink) -> None:
+        """Validate and queue ``request``; ``sink`` receives its events on the decode thread."""
+        sampling = self.validate(request)
+        with self._lock:
+            if rid in self._rids:
+                raise RequestRejected(f"Duplicate request ID {rid!r}")
+            self._rids.add(rid)
+        forced = None
+        if self.policy is not None:
+            prompt = self.loaded.tokenizer.decode(request.input_ids, skip_special_tokens=False)
+            script = self.policy.next_output(prompt)
+            forced = script[: sampling.max_new_tokens] if script is not None else None
+        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+
+        def sink_and_release(event: StepEvent) -> None:
+            if event.finish is not None:
+                with self._lock:
+                    self._rids.discard(rid)
+            sink(event)
+
+        self.loop.submit(rid, list(request.input_ids), sampling, sink_and_release, forced=forced, seed=seed)
+
+    def abort(self, rid: str | None) -> None:
+        self.loop.abort(rid)
+
+    # -- weights -------------------------------------------------------------------------------
+
+    async def _exclusive(self, job: Callable[[], int], *, abort_all: bool) -> int:
+        return await asyncio.wrap_future(self.loop.run_exclusive(job, abort_all=abort_all))
+
+    def _install(self, tensors: dict[str, torch.Tensor], weight_version: str | None) -> int:
+        count = load_weights(self.loaded.model, tensors)
+        if weight_version is not None:
+            self.loop.weight_version = weight_version
+        return count
+
+    async def update_weights_from_disk(self, request: engine_api.UpdateWeightsFromDiskRequest) -> int:
+        """Load ``model_path`` once in-flight requests are done; raises ``ModelLoadError``."""
+        path = Path(request.model_path)
+
+        def job() -> int:
+            return self._install(read_weights(path), request.weight_version)
+
+        return await self._exclusive(job, abort_all=request.abort_all_requests)
+
+    def begin_weight_update(self) -> None:
+        """Open the weight-update session; raises ``ModelLoadError`` if one is open (as SGLang)."""
+        if self._session_open:
+            raise ModelLoadError("a weight-update session is already open; call end_weight_update() first")
+        self._session_open = True
+
+    def end_weight_update(self) -> None:
+        if not self._session_open:
+            raise ModelLoadError("no weight-update session is open; call begin_weight_update() first")
+        self._session_open = False
+
+    def _require_session(self, operation: str) -> None:
+        if not self._session_open:
+            raise ModelLoadError(
+                f"{operation} must run between begin_weight_update() and end_weight_update() "
+                "(a weight-update session)"
+            )
+
+    async def update_weights_from_tensor(self, request: engine_api.UpdateWeightsFromTensorRequest) -> int:
+        self._require_session("update_weights_from_tensor")
+        if request.load_format != GYRE_SAFETENSORS_FORMAT:
+            raise ModelLoadError(
+                f"the reference engine takes load_format={GYRE_SAFETENSORS_FORMAT!r} only "
+                "(it never unpickles request bodies)"
+            )
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            for payload in request.serialized_named_tensors[:1]:  # one TP rank
+                tensors.update(deserialize_safetensors(payload))
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+
+        def job() -> int:
+            return self._install(tensors, request.weight_version)
+
+        return await self._exclusive(job, abort_all=request.abort_all_requests)
+
+    async def init_weights_update_group(self, request: engine_api.InitWeightsUpdateGroupRequest) -> None:
+        if request.backend != "gloo":
+            raise ModelLoadError(f"the reference engine joins gloo groups only, not {request.backend!r}")
+        if request.group_name in self._groups:
+            raise ModelLoadError(f"group {request.group_name!r} already exists")
+
+        def join() -> WeightUpdateGroup:
+            return WeightUpdateGroup(
+                master_address=request.master_address,
+                master_port=request.master_port,
+                rank=request.rank_offset,
+                world_size=request.world_size,
+                group_name=request.group_name,
+            )
+
+        try:
+            self._groups[request.group_name] = await asyncio.to_thread(join)
+        except (RuntimeError, ValueError) as exc:
+            raise ModelLoadError(f"cannot join {request.group_name!r}: {exc}") from exc
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        group = self._groups.pop(group_name, None)
+        if group is None:
+            raise ModelLoadError("The group to be destroyed does not exist.")
+        group.close()
+
+    async def update_weights_from_distributed(
+        self, request: engine_api.UpdateWeightsFromDistributedRequest
+    ) -> int:
+        # SGLang checks the session before it receives anything; so does this.
+        self._require_session("update_weights_from_distributed")
+        if request.load_format is not None:
+            raise ModelLoadError(f"the reference engine receives plain tensors, not {request.load_format!r}")
+        group = self._groups.get(request.group_name)
+        if group is None:
+            raise ModelLoadError(f"no group {request.group_name!r}: call /init_weights_update_group first")
+        if not len(request.names) == len(request.dtypes) == len(request.shapes):
+            raise ModelLoadError("names, dtypes and shapes must have the same length")
+        try:
+            specs = [
+                (name, dtype_from_name(dtype), tuple(shape))
+                for name, dtype, shape in zip(request.names, request.dtypes, request.shapes, strict=True)
+            ]
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+
+        def job() -> int:
+            # Receive every tensor first: the sender broadcasts them all regardless.
+            received = {
+                name: group.broadcast(torch.empty(shape, dtype=dtype)) for name, dtype, shape in specs
+            }
+            return self._install(received, request.weight_version)
+
+        return await self._exclusive(job, abort_all=request.abort_all_requests)
+
+    def set_weight_version(self, version: str) -> None:
+        self.loop.weight_version = version

@@ -1,0 +1,171 @@
+"""Incremental encoding: match a request against its execution's tree, tokenize only what is new.
+
+The request's messages (system first) are hashed as a chain; the longest prefix whose
+hash the execution's index knows is reused as stored tokens (including the original
+sampled output tokens, not a re-rendering of them). Only the messages after it, and the
+generation prompt, are tokenized. An identical resend matches the whole input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gyre_proxy.chat.messages import (
+    ChatRequest,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolUseBlock,
+    chain_hashes,
+    system_message,
+    system_sha,
+)
+from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
+from gyre_store.catalog.tito import HASH_WORDS
+from gyre_store.trees.recorder import ExecutionContext, PrefixPoint
+
+
+def context_key(last_hash: bytes, thinking: bool) -> bytes:
+    """The index key of a whole input: its messages plus the generation prompt."""
+    return hashlib.blake2b(
+        last_hash + (b"\x00gen:think" if thinking else b"\x00gen"), digest_size=16
+    ).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRequest:
+    """A request as the engine will see it: a stored prefix plus new tokens."""
+
+    prefix: PrefixPoint | None
+    new_ids: npt.NDArray[np.int32]
+    new_prov: npt.NDArray[np.uint8]
+    msg_ends: npt.NDArray[np.int32]
+    msg_hashes: npt.NDArray[np.uint32]
+    messages: tuple[Message, ...]
+    hashes: tuple[bytes, ...]
+    context_hash: bytes
+    system_sha: str
+    tokenized: int  # tokens this call produced with the tokenizer
+
+    @property
+    def prefix_len(self) -> int:
+        return 0 if self.prefix is None else self.prefix.offset
+
+    @property
+    def input_len(self) -> int:
+        return self.prefix_len + int(self.new_ids.shape[0])
+
+
+def full_messages(request: ChatRequest) -> tuple[Message, ...]:
+    return (system_message(request.system, request.tools), *request.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A request matched against its execution's index, before anything is tokenized.
+
+    ``matched`` messages (system first) are stored already; ``exact`` is set when the whole
+    input, generation prompt included, is. ``pending_chars`` is the text still to render:
+    a measure of what encoding will cost.
+    """
+
+    messages: tuple[Message, ...]
+    hashes: tuple[bytes, ...]
+    context_hash: bytes
+    system_sha: str
+    exact: PrefixPoint | None
+    matched: int
+    prefix: PrefixPoint | None
+
+    @property
+    def pending_chars(self) -> int:
+        if self.exact is not None:
+            return 0
+        return sum(_text_size(m) for m in self.messages[self.matched :])
+
+
+def _text_size(message: Message) -> int:
+    n = 0
+    for b in message.blocks:
+        if isinstance(b, TextBlock):
+            n += len(b.text)
+        elif isinstance(b, ThinkingBlock):
+            n += len(b.thinking)
+        elif isinstance(b, ToolUseBlock):
+            n += len(b.name) + len(b.input_json)
+        else:
+            n += len(b.content)
+    return n
+
+
+def match_request(ctx: ExecutionContext, request: ChatRequest) -> Match:
+    """Hash the request's messages as a chain and find the longest stored prefix."""
+    messages = full_messages(request)
+    hashes = tuple(chain_hashes(messages))
+    whole = context_key(hashes[-1], request.thinking)
+    sha = system_sha(messages[0])
+    exact = ctx.index.get(whole)
+    matched, prefix = 0, None
+    if exact is None:
+        for k in range(len(hashes), 0, -1):
+            point = ctx.index.get(hashes[k - 1])
+            if point is not None:
+                matched, prefix = k, point
+                break
+    return Match(messages, hashes, whole, sha, exact, matched, prefix)
+
+
+def encode_request(ctx: ExecutionContext, template: Qwen3Template, request: ChatRequest) -> EncodedRequest:
+    return encode_match(template, request, match_request(ctx, request))
+
+
+def encode_match(template: Qwen3Template, request: ChatRequest, match: Match) -> EncodedRequest:
+    """Tokenize what ``match`` left: the messages after the stored prefix and the generation prompt."""
+    messages, hashes, whole, sha = match.messages, match.hashes, match.context_hash, match.system_sha
+    empty_i = np.zeros(0, dtype=np.int32)
+    if match.exact is not None:
+        return EncodedRequest(
+            match.exact, empty_i, np.zeros(0, np.uint8), empty_i, np.zeros(0, np.uint32),
+            messages, hashes, whole, sha, 0,
+        )  # fmt: skip
+    matched, prefix = match.matched, match.prefix
+    out = Rendered()
+    ends: list[int] = []
+    base = 0 if prefix is None else prefix.offset
+    for i in range(matched, len(messages)):
+        if i == 0:
+            out_part = template.render_system(request.system, request.tools)
+        else:
+            out_part = template.render_message(messages[i], first=False)
+        out.ids.extend(out_part.ids)
+        out.prov.extend(out_part.prov)
+        ends.append(base + len(out))
+    gen = template.generation_prompt(thinking=request.thinking)
+    out.ids.extend(gen.ids)
+    out.prov.extend(gen.prov)
+    new_hashes = b"".join(hashes[matched:])
+    return EncodedRequest(
+        prefix=prefix,
+        new_ids=np.asarray(out.ids, dtype=np.int32),
+        new_prov=np.asarray(out.prov, dtype=np.uint8),
+        msg_ends=np.asarray(ends, dtype=np.int32),
+        msg_hashes=np.frombuffer(new_hashes, dtype="<u4").copy() if new_hashes else np.zeros(0, np.uint32),
+        messages=messages,
+        hashes=hashes,
+        context_hash=whole,
+        system_sha=sha,
+        tokenized=len(out),
+    )
+
+
+def output_hash(encoded: EncodedRequest, assistant: Message) -> npt.NDArray[np.uint32]:
+    """The chain hash of the context extended by the assistant message (as the harness will send it)."""
+    h = chain_hashes([assistant], after=encoded.hashes[-1])[-1]
+    return np.frombuffer(h, dtype="<u4").copy()
+
+
+assert HASH_WORDS * 4 == 16  # chain hashes are 16 bytes

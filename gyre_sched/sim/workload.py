@@ -1,0 +1,154 @@
+"""Execution-duration models: what a group of N executions costs in rollout time.
+
+``WorkloadModel`` is the seam: a fitted parametric model, a file of measured
+durations, or (later) executions read back from the event store all plug in. Models
+draw from the numpy Generator they are given and hold no random state of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import msgspec
+import numpy as np
+
+from gyre_sched.decision.inputs import Outcome
+from gyre_sched.exceptions import WorkloadError
+
+HOUR = 3600.0
+
+
+class GroupSample(msgspec.Struct, frozen=True):
+    """Durations (seconds) and outcomes of the N executions of one group."""
+
+    durations_s: tuple[float, ...]
+    outcomes: tuple[Outcome, ...]
+
+
+class WorkloadModel(Protocol):
+    """Anything that can draw the executions of one rollout group."""
+
+    @property
+    def name(self) -> str:
+        """A short label for reports."""
+        ...
+
+    def sample_group(self, rng: np.random.Generator, size: int) -> GroupSample:
+        """Draw ``size`` executions of one query."""
+        ...
+
+
+class CeilingLogNormal(msgspec.Struct, frozen=True, kw_only=True):
+    """Log-normal durations with a shared per-query difficulty and two timeout ceilings.
+
+    latent x = median * exp(sigma_query * eta_q + sigma_exec * eps). x below the harness
+    timeout completes at x; between it and ``overall_latent_h`` the harness times out at its
+    ceiling (still scored); beyond, the execution hangs until the overall budget (discarded).
+    """
+
+    label: str
+    median_h: float
+    sigma_query: float
+    sigma_exec: float
+    harness_timeout_h: float
+    overall_latent_h: float
+    overall_budget_h: float
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def validate(self) -> CeilingLogNormal:
+        """Return self if usable, else raise WorkloadError naming the constraint."""
+        if self.median_h <= 0 or self.sigma_query < 0 or self.sigma_exec < 0:
+            raise WorkloadError(f"{self.label}: median must be > 0 and sigmas >= 0")
+        if not 0 < self.harness_timeout_h <= self.overall_budget_h:
+            raise WorkloadError(f"{self.label}: need 0 < harness timeout <= overall budget")
+        if self.overall_latent_h < self.harness_timeout_h:
+            raise WorkloadError(f"{self.label}: overall_latent_h must be >= the harness timeout")
+        return self
+
+    def sample_group(self, rng: np.random.Generator, size: int) -> GroupSample:
+        eta = rng.standard_normal()
+        eps = rng.standard_normal(size)
+        latent = self.median_h * np.exp(self.sigma_query * eta + self.sigma_exec * eps)
+        durations: list[float] = []
+        outcomes: list[Outcome] = []
+        for x in latent.tolist():
+            if x < self.harness_timeout_h:
+                durations.append(x * HOUR)
+                outcomes.append(Outcome.COMPLETED)
+            elif x < self.overall_latent_h:
+                durations.append(self.harness_timeout_h * HOUR)
+                outcomes.append(Outcome.HARNESS_TIMEOUT)
+            else:
+                durations.append(self.overall_budget_h * HOUR)
+                outcomes.append(Outcome.OVERALL_TIMEOUT)
+        return GroupSample(tuple(durations), tuple(outcomes))
+
+
+class EmpiricalWorkload(msgspec.Struct, frozen=True):
+    """Measured executions, resampled: whole queries when the file names them, else singly."""
+
+    label: str
+    groups: tuple[GroupSample, ...]  # one per query; a single group when queries are unknown
+    by_query: bool
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def sample_group(self, rng: np.random.Generator, size: int) -> GroupSample:
+        if self.by_query:
+            source = self.groups[int(rng.integers(len(self.groups)))]
+            picks = rng.integers(len(source.durations_s), size=size)
+        else:
+            source = self.groups[0]
+            picks = rng.integers(len(source.durations_s), size=size)
+        return GroupSample(
+            tuple(source.durations_s[i] for i in picks.tolist()),
+            tuple(source.outcomes[i] for i in picks.tolist()),
+        )
+
+
+class WorkloadStats(msgspec.Struct, frozen=True):
+    """The profile figures the paper reports, measured on a model."""
+
+    mean_execution_h: float
+    mean_query_h: float
+    queries_over_4h: float
+    harness_timeout_rate: float
+    overall_timeout_rate: float
+    overall_share_at_ceiling: float
+
+
+def workload_stats(model: WorkloadModel, rng: np.random.Generator, queries: int, size: int) -> WorkloadStats:
+    """Draw ``queries`` groups of ``size`` and measure the paper's profile figures.
+
+    The query duration is the longest of its executions; "at the ceiling" means an
+    execution that ended in either timeout.
+    """
+    if queries < 1 or size < 1:
+        raise WorkloadError("workload_stats needs at least one query of at least one execution")
+    total = 0.0
+    query_total = 0.0
+    over = harness = overall = 0
+    for _ in range(queries):
+        group = model.sample_group(rng, size)
+        total += sum(group.durations_s)
+        longest = max(group.durations_s)
+        query_total += longest
+        over += longest > 4 * HOUR
+        harness += sum(o is Outcome.HARNESS_TIMEOUT for o in group.outcomes)
+        overall += sum(o is Outcome.OVERALL_TIMEOUT for o in group.outcomes)
+    n = queries * size
+    ceiling = harness + overall
+    return WorkloadStats(
+        mean_execution_h=total / n / HOUR,
+        mean_query_h=query_total / queries / HOUR,
+        queries_over_4h=over / queries,
+        harness_timeout_rate=harness / n,
+        overall_timeout_rate=overall / n,
+        overall_share_at_ceiling=overall / ceiling if ceiling else math.nan,
+    )

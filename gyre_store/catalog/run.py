@@ -1,0 +1,128 @@
+"""The event types of a gyre run: runs, groups, executions, cells and policy versions.
+
+Each type is one thing that happened; the scheduler's counters d, p and f are not stored
+as numbers but derived from execution lifecycle events. Later domains (model calls,
+evaluations, scheduler decisions) register their types in the same ``REGISTRY``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+from gyre_store.log.events import Event, EventRegistry
+
+REGISTRY = EventRegistry()
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+
+
+class FinishReason(enum.StrEnum):
+    """Why an execution terminated; every one of them increments the finished counter f."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    HARNESS_TIMEOUT = "harness_timeout"
+    OVERALL_TIMEOUT = "overall_timeout"
+    CANCELLED = "cancelled"
+    SURPLUS = "surplus"
+
+
+class CellRole(enum.StrEnum):
+    """The role an elastic cell holds; a cell holds exactly one at a time."""
+
+    ROLLOUT = "rollout"
+    TRAINING = "training"
+    TRANSITIONING = "transitioning"
+
+
+@REGISTRY.register("run.started", stream="run", key="run_id")
+class RunStarted(Event, frozen=True, kw_only=True):
+    run_id: Ident
+    harness: str
+    model: str
+    group_size: Positive  # N executions per rollout group
+    batch_groups: Positive  # B groups per training step
+    cells: Positive  # K elastic cells
+    cell_capacity: NonNegative  # C_e concurrent executions per cell in rollout mode
+    separate_capacity: NonNegative = 0  # C_s, the separate rollout pool
+    phi: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    mu: Positive = 1
+    max_trajectories: Positive = 5  # J_max
+
+
+@REGISTRY.register("group.dispatched", stream="group", key="group_id")
+class GroupDispatched(Event, frozen=True, kw_only=True):
+    group_id: Ident
+    run_id: Ident
+    query_id: Ident
+    size: Positive
+    policy_version: NonNegative
+
+
+@REGISTRY.register("execution.dispatched", stream="execution", key="execution_id")
+class ExecutionDispatched(Event, frozen=True, kw_only=True):
+    execution_id: Ident
+    run_id: Ident
+    group_id: Ident
+    policy_version: NonNegative
+
+
+@REGISTRY.register("execution.started", stream="execution", key="execution_id")
+class ExecutionStarted(Event, frozen=True, kw_only=True):
+    execution_id: Ident
+    run_id: Ident
+    engine: str
+
+
+@REGISTRY.register("execution.finished", stream="execution", key="execution_id")
+class ExecutionFinished(Event, frozen=True, kw_only=True):
+    execution_id: Ident
+    run_id: Ident
+    reason: FinishReason
+    detail: str = ""
+
+
+@REGISTRY.register("cell.role_changed", stream="cell", key=("run_id", "cell_index"))
+class CellRoleChanged(Event, frozen=True, kw_only=True):
+    run_id: Ident
+    cell_index: NonNegative  # 0 is the core cell
+    role: CellRole
+    previous: CellRole
+    reason: str = ""
+
+
+@REGISTRY.register("policy.published", stream="policy", key="run_id")
+class WeightsPublished(Event, frozen=True, kw_only=True):
+    run_id: Ident
+    policy_version: Positive
+    step: NonNegative
+
+
+@REGISTRY.register("execution.key_issued", stream="apikey", key="key_hash")
+class ApiKeyIssued(Event, frozen=True, kw_only=True):
+    """An API key (stored as its SHA-256) that writes into exactly one execution."""
+
+    key_hash: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    execution_id: Ident
+    run_id: Ident
+    harness: str
+
+
+@REGISTRY.register("execution.key_revoked", stream="apikey", key="key_hash")
+class ApiKeyRevoked(Event, frozen=True, kw_only=True):
+    key_hash: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    reason: str = ""
+
+
+@REGISTRY.register("engine.routing_changed", stream="engine", key="engine")
+class EngineRoutingChanged(Event, frozen=True, kw_only=True):
+    """An engine starts or stops accepting new requests (the scheduler's role transitions)."""
+
+    engine: Ident
+    accepting: bool
+    reason: str = ""

@@ -1,0 +1,208 @@
+"""The trajectory-tree projection: each execution's records as a radix tree of tokens.
+
+A record names the earlier record its context extends and how many tokens it shares
+(``prefix_of``, ``prefix_len``). The projection walks up from that record's end node to
+the shared offset, splits the node there if the offset falls inside it (the lower half
+keeps its id, so every stored reference to a node end stays valid), and hangs the new
+input tokens and then the output tokens below. Unique tokens are stored once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import sqlalchemy as sa
+
+from gyre_store.catalog.tito import AgentKind, ModelCallRecorded, TitoArrays, leaf_class
+from gyre_store.db import schema
+from gyre_store.exceptions import ProjectionError
+from gyre_store.log.events import RecordedEvent
+from gyre_store.projections.base import Projection, Row, RowStore
+
+NODES, RECORDS, STATE = "gyre_tree_nodes", "gyre_tree_records", "gyre_tree_state"
+
+
+def _count_ends(msg_ends: bytes, upto: int | None = None) -> int:
+    ends = np.frombuffer(msg_ends, dtype="<i4")
+    return int(ends.shape[0]) if upto is None else int(np.count_nonzero(ends <= upto))
+
+
+def _trainable_count(trainable: bytes | None) -> int:
+    return 0 if trainable is None else int(np.count_nonzero(np.frombuffer(trainable, dtype="|b1")))
+
+
+class TreeProjection(Projection):
+    """Maintains ``gyre_tree_nodes``, ``gyre_tree_records`` and ``gyre_tree_state``."""
+
+    name: ClassVar[str] = "trees"
+    tables: ClassVar[tuple[sa.Table, ...]] = (schema.tree_nodes, schema.tree_records, schema.tree_state)
+    event_types: ClassVar[frozenset[str]] = frozenset({"model_call.recorded"})
+
+    def apply(self, rows: RowStore, event: RecordedEvent) -> None:
+        ev = event.event
+        assert isinstance(ev, ModelCallRecorded)
+        ex = ev.execution_id
+        if rows.get(RECORDS, ex, ev.request_id) is not None:
+            return  # a record is applied once, however often it is delivered
+        arrays = TitoArrays.from_payload(event.payload)
+        state = rows.get(STATE, ex) or {"execution_id": ex, "next_node": 0, "records": 0, "first_root": None}
+
+        parent: Row | None = None
+        if ev.prefix_of is not None and ev.prefix_len > 0:
+            prior = rows.get(RECORDS, ex, ev.prefix_of)
+            if prior is None:
+                raise ProjectionError(f"record {ev.request_id} extends unknown record {ev.prefix_of} in {ex}")
+            full = int(prior["input_len"]) + int(prior["output_len"])
+            if ev.prefix_len > full:
+                raise ProjectionError(
+                    f"record {ev.request_id} shares {ev.prefix_len} tokens with {ev.prefix_of}, which has {full}"
+                )
+            parent = self._point(rows, state, ex, int(prior["output_node"]), ev.prefix_len, ev.request_id)
+
+        end = parent
+        if arrays.input_len:
+            end = self._add_node(
+                rows, state, ex, end, "input", ev.request_id,
+                tokens=arrays.input_ids.tobytes(), provenance=arrays.input_prov.tobytes(),
+                logprobs=None, trainable=None, msg_ends=arrays.msg_ends.tobytes(),
+            )  # fmt: skip
+        if arrays.output_len:
+            out_end = np.array([ev.prefix_len + arrays.input_len + arrays.output_len], dtype="<i4")
+            end = self._add_node(
+                rows, state, ex, end, "output", ev.request_id,
+                tokens=arrays.output_ids.tobytes(), provenance=arrays.output_prov.tobytes(),
+                logprobs=arrays.output_logprobs.tobytes(), trainable=arrays.output_trainable.tobytes(),
+                msg_ends=out_end.tobytes() if arrays.output_hash.shape[0] else b"",
+            )  # fmt: skip
+        if end is None:
+            raise ProjectionError(f"record {ev.request_id} of {ex} has no tokens")
+
+        kind = ev.agent_kind
+        if kind == AgentKind.UNKNOWN:
+            # Without a harness plug-in: the first context root is the main agent's. A root
+            # keeps its ``root_id`` label even when a split puts a new node above it.
+            kind = AgentKind.MAIN if end["root_id"] == state["first_root"] else AgentKind.SUB_AGENT
+        if ev.retry_of is not None:
+            replaced = rows.get(RECORDS, ex, ev.retry_of)
+            if replaced is not None:
+                rows.put(RECORDS, {**replaced, "superseded": True})
+        versions = ev.weight_versions
+        rows.put(
+            RECORDS,
+            {
+                "execution_id": ex,
+                "request_id": ev.request_id,
+                "run_id": ev.run_id,
+                "seq": state["records"],
+                "position": event.position,
+                "output_node": end["node_id"],
+                "input_len": ev.prefix_len + arrays.input_len,
+                "output_len": arrays.output_len,
+                "new_input_len": arrays.input_len,
+                "prefix_of": ev.prefix_of,
+                "prefix_len": ev.prefix_len,
+                "retry_of": ev.retry_of,
+                "superseded": False,
+                "agent_kind": kind.value,
+                "agent_id": ev.agent_id,
+                "purpose": ev.purpose.value,
+                "leaf_class": leaf_class(kind, ev.purpose).value,
+                "finish": ev.finish.value,
+                "engine": ev.engine,
+                "policy_version": versions[0][1] if versions else event.metadata.policy_version,
+            },
+        )
+        state["records"] += 1
+        rows.put(STATE, state)
+
+    # -- radix operations -------------------------------------------------------------------
+    def _point(self, rows: RowStore, state: Row, ex: str, node_id: int, offset: int, by: str) -> Row:
+        """The node that ends exactly at path ``offset`` on the path to ``node_id`` (splitting one)."""
+        node = self._node(rows, ex, node_id)
+        while int(node["start"]) >= offset:
+            node = self._node(rows, ex, int(node["parent_id"]))
+        end = int(node["start"]) + int(node["n_tokens"])
+        if end == offset:
+            return node
+        return self._split(rows, state, ex, node, offset, by)
+
+    def _split(self, rows: RowStore, state: Row, ex: str, node: Row, offset: int, by: str) -> Row:
+        cut = offset - int(node["start"])
+        parent = self._node(rows, ex, int(node["parent_id"])) if node["parent_id"] is not None else None
+        ends = np.frombuffer(node["msg_ends"], dtype="<i4")
+        upper_ends, lower_ends = ends[ends <= offset], ends[ends > offset]
+
+        def part(blob: bytes | None, width: int, lower: bool) -> bytes | None:
+            if blob is None:
+                return None
+            return blob[cut * width :] if lower else blob[: cut * width]
+
+        upper_trainable = part(node["trainable"], 1, False)
+        upper: Row = {
+            **node,
+            "node_id": state["next_node"],
+            "n_tokens": cut,
+            "tokens": part(node["tokens"], 4, False),
+            "provenance": part(node["provenance"], 1, False),
+            "logprobs": part(node["logprobs"], 4, False),
+            "trainable": upper_trainable,
+            "msg_ends": upper_ends.tobytes(),
+            "path_trainable": (int(parent["path_trainable"]) if parent else 0)
+            + _trainable_count(upper_trainable),
+            "path_messages": (int(parent["path_messages"]) if parent else 0) + int(upper_ends.shape[0]),
+            "children": 1,
+            "request_id": node["request_id"],
+        }
+        state["next_node"] += 1
+        lower: Row = {
+            **node,
+            "parent_id": upper["node_id"],
+            "start": offset,
+            "n_tokens": int(node["n_tokens"]) - cut,
+            "tokens": part(node["tokens"], 4, True),
+            "provenance": part(node["provenance"], 1, True),
+            "logprobs": part(node["logprobs"], 4, True),
+            "trainable": part(node["trainable"], 1, True),
+            "msg_ends": lower_ends.tobytes(),
+        }
+        rows.put(NODES, upper)
+        rows.put(NODES, lower)
+        return upper
+
+    def _add_node(
+        self, rows: RowStore, state: Row, ex: str, parent: Row | None, kind: str, by: str, **arrays: Any
+    ) -> Row:
+        n = len(arrays["tokens"]) // 4
+        node_id = state["next_node"]
+        state["next_node"] += 1
+        if parent is None and state["first_root"] is None:
+            state["first_root"] = node_id
+        node: Row = {
+            "execution_id": ex,
+            "node_id": node_id,
+            "parent_id": None if parent is None else parent["node_id"],
+            "root_id": node_id if parent is None else parent["root_id"],
+            "kind": kind,
+            "start": 0 if parent is None else int(parent["start"]) + int(parent["n_tokens"]),
+            "n_tokens": n,
+            **arrays,
+            "path_trainable": (int(parent["path_trainable"]) if parent else 0)
+            + _trainable_count(arrays["trainable"]),
+            "path_messages": (int(parent["path_messages"]) if parent else 0)
+            + _count_ends(arrays["msg_ends"]),
+            "children": 0,
+            "request_id": by,
+        }
+        if parent is not None:
+            parent = {**parent, "children": int(parent["children"]) + 1}
+            rows.put(NODES, parent)
+        rows.put(NODES, node)
+        return node
+
+    @staticmethod
+    def _node(rows: RowStore, ex: str, node_id: int) -> Row:
+        node = rows.get(NODES, ex, node_id)
+        if node is None:
+            raise ProjectionError(f"tree of {ex} has no node {node_id}")
+        return node

@@ -1,0 +1,205 @@
+"""The PyTorch training backend: any Hugging Face causal LM, one replica per cell.
+
+A cell's backend computes packed logprobs, accumulates gradients micro-step by micro-step, and
+moves parameters and gradients as one flat float32 vector (the unit a snapshot, a reduction or a
+broadcast carries). Only the core calls `apply_update`: it owns the one optimizer. Data parallel
+reduction across cells is in cells.py (gloo on the CPU, NCCL on a GPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from gyre_train.exceptions import InvalidConfigError
+from gyre_train.objective.logprobs import packed_token_logprobs
+from gyre_train.trajectories.packing import MicroStep
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """How every cell builds the same model: a Hugging Face config (with `model_type`) and a seed.
+
+    Built like the reference engine builds its model (seed, then `from_config`), so a trainer and
+    an engine made from the same spec start from identical weights.
+    """
+
+    config: Mapping[str, Any]
+    seed: int = 0
+    torch_threads: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerConfig:
+    """The core's optimizer: AdamW (or plain SGD) and the global gradient-norm clip (0: none)."""
+
+    kind: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("adamw", "sgd"):
+            raise InvalidConfigError(f"optimizer kind must be adamw or sgd, got {self.kind!r}")
+        if self.lr <= 0 or self.max_grad_norm < 0:
+            raise InvalidConfigError("lr must be positive and max_grad_norm >= 0")
+
+
+LossOfLogprobs = Callable[[torch.Tensor], torch.Tensor]
+"""Maps a micro-step's [T] packed logprobs to its scalar loss share."""
+
+
+class TrainingBackend(Protocol):
+    """What a cell needs of a model replica (or of one rank's shard of it).
+
+    `logprobs` (pass 1, no graph) returns the [T] packed logprobs on every rank of the replica;
+    `accumulate_gradients` (pass 2) runs the forward, applies `loss_of` where the logprobs live,
+    back-propagates into the accumulated gradients and returns the loss value on every rank. A
+    pipeline-parallel backend needs the loss inside its schedule, hence the callable.
+    """
+
+    @property
+    def numel(self) -> int: ...
+
+    def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor: ...
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float: ...
+    def flat_parameters(self) -> torch.Tensor: ...
+    def load_flat_parameters(self, flat: torch.Tensor) -> None: ...
+    def flat_gradients(self) -> torch.Tensor: ...
+    def zero_gradients(self) -> None: ...
+    def apply_update(self, flat_gradients: torch.Tensor) -> float: ...
+    def named_tensors(self) -> dict[str, torch.Tensor]: ...
+    def save(self, path: Path) -> Path: ...
+
+
+# -- parameters as one flat vector, shared by every backend -------------------------------------
+
+
+def flatten_parameters(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """[numel] the parameters, detached, in order."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+@torch.no_grad()
+def load_flat_parameters(params: Sequence[torch.nn.Parameter], flat: torch.Tensor, what: str) -> None:
+    """Copy ``flat`` into ``params`` in order; ``what`` names them in the error."""
+    numel = sum(p.numel() for p in params)
+    if flat.numel() != numel:
+        raise InvalidConfigError(f"flat parameters have {flat.numel()} values, the {what} {numel}")
+    offset = 0
+    for p in params:
+        p.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def flatten_gradients(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """[numel] the gradients, zeros where a parameter has none."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def backward_loss(loss: torch.Tensor) -> float:
+    """Back-propagate a scalar loss share (a share without targets has no graph) and return it."""
+    if loss.requires_grad:
+        torch.autograd.backward([loss])
+    return float(loss.detach())
+
+
+def make_optimizer(params: Sequence[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
+    # AdamW and SGD act element by element, so stepping each shard equals stepping the whole.
+    if config.kind == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+
+
+def build_model(spec: ModelSpec) -> torch.nn.Module:
+    """A float32 causal LM from `spec` on the CPU; never downloads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = dict(spec.config)
+    model_type = values.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise InvalidConfigError("a model config needs a 'model_type' (for example 'qwen3')")
+    hf_config = AutoConfig.for_model(model_type, **values)
+    torch.manual_seed(spec.seed)
+    model: torch.nn.Module = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    return model
+
+
+@dataclass(eq=False)
+class TorchBackend:
+    """One replica of `spec`'s model; the optimizer is created on the first `apply_update`."""
+
+    spec: ModelSpec
+    optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+    model: torch.nn.Module = field(init=False)
+    _optimizer: torch.optim.Optimizer | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        torch.set_num_threads(self.spec.torch_threads)
+        self.model = build_model(self.spec)
+        self.model.train()
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self._params)
+
+    def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor:
+        """[T] packed logprobs; with `grad=False` no graph is kept (pass 1)."""
+        with torch.set_grad_enabled(grad):
+            return packed_token_logprobs(self.model, step)
+
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
+        return backward_loss(loss_of(self.logprobs(step, grad=True)))
+
+    def flat_parameters(self) -> torch.Tensor:
+        return flatten_parameters(self._params)
+
+    def load_flat_parameters(self, flat: torch.Tensor) -> None:
+        load_flat_parameters(self._params, flat, "model")
+
+    def flat_gradients(self) -> torch.Tensor:
+        return flatten_gradients(self._params)
+
+    def zero_gradients(self) -> None:
+        for p in self._params:
+            p.grad = None
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        return make_optimizer(self._params, self.optimizer_config)
+
+    def apply_update(self, flat_gradients: torch.Tensor) -> float:
+        """Clip the batch gradient by global norm and make one optimizer step; returns the norm.
+
+        `flat_gradients` is already the batch gradient: every token's loss carries 1/(L_i * B*N),
+        so the sum over micro-steps and cells is normalised and no count of cells or micro-steps
+        enters here.
+        """
+        if self._optimizer is None:
+            self._optimizer = self._make_optimizer()
+        offset = 0
+        for p in self._params:
+            p.grad = flat_gradients[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        max_norm = self.optimizer_config.max_grad_norm
+        if max_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        else:
+            norm = float(torch.linalg.vector_norm(flat_gradients))
+        self._optimizer.step()
+        self.zero_gradients()
+        return norm
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach() for name, t in self.model.state_dict().items()}
+
+    def save(self, path: Path) -> Path:
+        """`save_pretrained` into `path` (safetensors and config.json)."""
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path))  # type: ignore[operator]
+        return path

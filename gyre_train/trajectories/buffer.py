@@ -1,0 +1,155 @@
+"""The trajectory buffer on the event store: ready rollout groups into ReadyGroup rows.
+
+``StoreGroupSource`` is the ``ReadyGroupSource`` the stream packing buffer pulls from. It lists
+ready groups (oldest policy version first is the packer's choice), and ``take`` turns one into
+training input: group-relative advantages from the recorded outcomes, admission on each valid
+execution's stored trajectory tree, token rows, and a ``group.consumed`` event that ties the
+rewards to the training step. It keeps no state of its own beyond the current step number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gyre_store import (
+    EvaluationsProjection,
+    EventLog,
+    GroupConsumed,
+    GroupsProjection,
+    GroupStatus,
+    GyreStoreError,
+    NewEvent,
+    OutcomeStatus,
+    ProjectionStore,
+    catch_up,
+    consumption_key,
+)
+from gyre_store.catalog.run import FinishReason
+from gyre_store.projections.base import Row
+from gyre_store.trees.projection import TreeProjection
+from gyre_store.trees.view import TreeView
+from gyre_train.exceptions import GroupNotTrainableError, UnknownGroupError
+from gyre_train.rewards.advantages import AdvantageConfig, ExecutionReward, RewardStatus, group_advantages
+from gyre_train.trajectories.admission import AdmissionConfig, admission_rng, admit
+from gyre_train.trajectories.packing import GroupTicket, ReadyGroup
+from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows
+from gyre_train.trajectories.stored import stored_execution
+
+_STATUS = {
+    OutcomeStatus.VALID: RewardStatus.VALID,
+    OutcomeStatus.PLACEHOLDER: RewardStatus.PLACEHOLDER,
+    OutcomeStatus.EXCLUDED: RewardStatus.EXCLUDED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSourceConfig:
+    """Admission and advantage settings, the run seed for admission draws, the trainer's name."""
+
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    seed: int = 0
+    trainer: str = ""
+
+
+def execution_rows(
+    store: ProjectionStore, execution_id: str, config: GroupSourceConfig
+) -> tuple[TokenRow, ...]:
+    """Admit and materialize one execution's trajectories; none when it recorded no model call."""
+    try:
+        view = TreeView.load(store, execution_id)
+    except GyreStoreError:
+        return ()  # no trajectory tree: L_i = 0, it still counts in B*N
+    stored = stored_execution(view)
+    admission = admit(stored.tree, config.admission, admission_rng(config.seed, execution_id))
+    return materialize_rows(execution_id, stored.tree, stored.tokens, admission)
+
+
+def _one(rows: list[Row]) -> Row | None:
+    return rows[0] if rows else None
+
+
+class StoreGroupSource:
+    """Ready groups read from projections kept in ``store``; ``take`` records the consumption.
+
+    With ``refresh`` (default) every ``ready_groups`` call first catches the tree, evaluation and
+    group projections up with the log; pass False when a projector maintains them elsewhere.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        store: ProjectionStore,
+        config: GroupSourceConfig | None = None,
+        *,
+        step: int = 0,
+        refresh: bool = True,
+    ) -> None:
+        self._log = log
+        self._store = store
+        self._config = config or GroupSourceConfig()
+        self._refresh = refresh
+        self.step = step  # the training step that the next `take` feeds
+
+    def ready_groups(self) -> Sequence[GroupTicket]:
+        if self._refresh:
+            # One cut of the log for all three: caught up one after another to their own heads,
+            # a reward appended in between would make a group ready before its reward row exists.
+            head = self._log.head()
+            for projection in (TreeProjection(), EvaluationsProjection(), GroupsProjection()):
+                catch_up(self._log, self._store, projection, until=head)
+        return tuple(
+            GroupTicket(row["group_id"], int(row["policy_version"]), int(row["ready_position"]))
+            for row in self._store.select("gyre_groups", "status", GroupStatus.READY)
+        )
+
+    def build(self, group_id: str) -> ReadyGroup:
+        """The group as training input, without consuming it. Raises UnknownGroupError or
+        GroupNotTrainableError when it is not ready or its recorded outcomes do not add up."""
+        group = _one(self._store.select("gyre_groups", "group_id", group_id))
+        if group is None or group["status"] not in (GroupStatus.READY, GroupStatus.CONSUMED):
+            state = "unknown" if group is None else group["status"]
+            raise UnknownGroupError(f"group {group_id} is {state}, not ready")
+        members = sorted(
+            (
+                m
+                for m in self._store.select("gyre_group_members", "group_id", group_id)
+                if m["finish_reason"] != FinishReason.SURPLUS.value
+            ),
+            key=lambda m: int(m["dispatched_position"]),
+        )
+        if len(members) != int(group["size"]):
+            raise GroupNotTrainableError(f"group {group_id} has {len(members)} members, N={group['size']}")
+        rewards = []
+        for member in members:
+            outcome = _one(self._store.select("gyre_rewards", "execution_id", member["execution_id"]))
+            status = None if outcome is None else _STATUS.get(outcome["status"])
+            if outcome is None or status is None:
+                detail = "no outcome" if outcome is None else f"{outcome['status']}: {outcome['error']}"
+                raise GroupNotTrainableError(f"execution {member['execution_id']} of {group_id}: {detail}")
+            reward = 0.0 if outcome["reward"] is None else float(outcome["reward"])
+            rewards.append(ExecutionReward(member["execution_id"], reward, status))
+        advantages = group_advantages(rewards, self._config.advantages)
+        executions = []
+        for member_reward, advantage in zip(rewards, advantages.advantages, strict=True):
+            rows: tuple[TokenRow, ...] = ()
+            if member_reward.status is RewardStatus.VALID:
+                rows = execution_rows(self._store, member_reward.execution_id, self._config)
+            executions.append(ExecutionRows(member_reward.execution_id, advantage, rows))
+        return ReadyGroup(group_id, int(group["policy_version"]), tuple(executions))
+
+    def take(self, group_id: str) -> ReadyGroup:
+        """Build the group and record that step ``self.step`` consumed it (once per group)."""
+        group = _one(self._store.select("gyre_groups", "group_id", group_id))
+        if group is None or group["status"] != GroupStatus.READY:
+            state = "unknown" if group is None else group["status"]
+            raise UnknownGroupError(f"group {group_id} is {state}, not ready")
+        ready = self.build(group_id)
+        consumed = GroupConsumed(
+            group_id=group_id, run_id=group["run_id"], step=self.step, trainer=self._config.trainer
+        )
+        [result] = self._log.append([NewEvent(consumed, idempotency_key=consumption_key(group_id))])
+        if result.duplicate:
+            raise UnknownGroupError(f"group {group_id} was already consumed by another trainer")
+        return ready
