@@ -218,7 +218,7 @@ def bench_incremental() -> tuple[float, float, int]:
     from gyre_proxy.ingest.ingestor import Ingestor
     from gyre_proxy.ingest.tracegen import WORDS
     from gyre_store import InMemoryEventLog
-    from gyre_store.trees.recorder import ExecutionContext, TrajectoryRecorder
+    from gyre_store.trees import ExecutionContext, TrajectoryRecorder
 
     rng = np.random.default_rng(0)
     words = np.array(WORDS)
@@ -259,7 +259,7 @@ def bench_incremental() -> tuple[float, float, int]:
 
 
 def _stop():  # type: ignore[no-untyped-def]
-    from gyre_store.catalog.tito import CallFinish
+    from gyre_store.catalog import CallFinish
 
     return CallFinish.STOP
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from gyre_sched import get_preset, simulate
-from gyre_sched.sim.presets import WORKLOADS
+from gyre_sched.sim import WORKLOADS
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from gyre_store import (
     lifecycle_projections,
     rebuild,
 )
-from gyre_store.catalog.run import ExecutionDispatched, ExecutionStarted
+from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
 from gyre_store.db import migrate
 from gyre_store.log.queries import COPY_TYPES, EVENT_COLUMNS
 
@@ -71,7 +71,7 @@ def model_call_events(n: int, offset: int) -> list[NewEvent]:
 
 def bench_bulk(log: PostgresEventLog, url: str, total: int, batch: int) -> tuple[float, float]:
     """Alternate raw and gyre_store batches so machine noise hits both sides alike."""
-    from gyre_store.catalog.run import REGISTRY
+    from gyre_store import REGISTRY
 
     raw_events = [REGISTRY.encode(e) for e in model_call_events(total, 0)]  # raw gets pre-encoded rows
     ours_events = model_call_events(total, total)

@@ -21,9 +21,7 @@ from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
 from gyre_proxy.ingest.ingestor import Ingestor
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.recorder import TrajectoryRecorder
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 from gyre_train import (
     PAPER_FB_FRACTION,
     AblationSetting,

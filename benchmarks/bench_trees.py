@@ -36,11 +36,9 @@ from gyre_proxy.ingest.incremental import full_messages
 from gyre_proxy.ingest.ingestor import Ingestor, Prepared
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import InMemoryEventLog, PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
-from gyre_store.catalog.tito import TitoArrays
+from gyre_store.catalog import TitoArrays
 from gyre_store.db import migrate
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.recorder import TrajectoryRecorder
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 
 console = Console()
 
@@ -253,7 +251,7 @@ class _NullIngestor(Ingestor):
     def prepare(self, execution_id: str, run_id: str, request: ChatRequest) -> Prepared:
         from gyre_proxy.ingest.harnesses import CallTraits
         from gyre_proxy.ingest.incremental import EncodedRequest
-        from gyre_store.catalog.tito import AgentKind, CallPurpose
+        from gyre_store.catalog import AgentKind, CallPurpose
 
         z = np.zeros(0, np.int32)
         enc = EncodedRequest(None, z, np.zeros(0, np.uint8), z, np.zeros(0, np.uint32), (), (), b"", "", 0)

@@ -11,7 +11,13 @@ GyreSchedError
 │   └── WorkloadFileError        a workload file has a bad row or format
 ├── CounterDecreaseError         a cumulative counter was asked to go down
 ├── InputOrderError              an input contradicts the state it arrived in
-└── UnknownPresetError           no simulation preset has that name
+├── UnknownPresetError           no simulation preset has that name
+└── LiveRunError                 the live controller or a replay cannot go on with a run
+    ├── ConfigMismatchError      the recorded scheduler config differs from the given one
+    ├── ReplayDivergedError      recorded inputs did not reproduce the recorded decisions
+    ├── ControllerConflictError  another controller recorded this run's next input first
+    ├── StoreMappingError        a store event names something the scheduler did not number
+    └── NoRecordedRunError       no scheduler events are recorded for that run
 """
 
 from __future__ import annotations
@@ -63,3 +69,27 @@ class InputOrderError(GyreSchedError):
 
 class UnknownPresetError(GyreSchedError):
     """No simulation preset has that name."""
+
+
+class LiveRunError(GyreSchedError):
+    """The live controller or a replay of the log cannot go on with a run."""
+
+
+class ConfigMismatchError(LiveRunError):
+    """The run's recorded scheduler config differs from the one this controller was given."""
+
+
+class ReplayDivergedError(LiveRunError):
+    """Replaying the recorded inputs did not reproduce the recorded decisions."""
+
+
+class ControllerConflictError(LiveRunError):
+    """Another controller recorded this run's next input first: only one may drive a run."""
+
+
+class StoreMappingError(LiveRunError):
+    """A store event names an execution, group or engine the scheduler did not number."""
+
+
+class NoRecordedRunError(LiveRunError):
+    """No scheduler events are recorded for that run: nothing to replay."""

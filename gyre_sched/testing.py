@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gyre_sched.decision.decisions import CoreAtBurstEnd, DispatchGroups, Placement
+from gyre_sched.decision import CoreAtBurstEnd, DispatchGroups, Placement
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gyre_store.exceptions import ConfigError
-from gyre_store.log.events import Limits
+from gyre_store.log import Limits
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from gyre_store.catalog.run import REGISTRY
+from gyre_store.log import Payload
 from gyre_store.log.events import (
+    REGISTRY,
     AppendResult,
     EventRegistry,
     Limits,
@@ -23,8 +24,7 @@ from gyre_store.log.events import (
     StreamId,
     plan_append,
 )
-from gyre_store.log.payload import Payload
-from gyre_store.projections.base import Key, Row, RowStore
+from gyre_store.projections import Key, Row, RowStore
 
 
 class InMemoryEventLog:

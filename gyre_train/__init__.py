@@ -1,56 +1,15 @@
-"""gyre_train: training-data logic of gyre (admission, advantages, the execution-level loss, packing)
-and streaming training (micro-step claims on Redis, cells, weight transport and publication).
+"""gyre_train: from evaluated executions to weight updates.
 
-The training-data modules are pure: inputs are frozen typed structures that the event-store
-projection fills. Streaming training (claims, board, cells, weights, publish) talks to Redis,
-torch.distributed and the engines through small interfaces; see docs/streaming-training.md.
+The root exports the torch-free part: rewards and advantages (``gyre_train.rewards``) and
+trajectory processing, from stored trees to packed micro-steps (``gyre_train.trajectories``).
+The training side is imported from its subpackages, which load torch: the execution-level
+objective (``gyre_train.objective``), streaming cells with micro-step claims, weight
+transport and publication (``gyre_train.cells``), and the PyTorch and Megatron-core training
+backends (``gyre_train.backends``). Never talks to the harness.
 """
 
-from gyre_train.backends.megatron import MegatronBackend, MegatronModelSpec
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
-from gyre_train.cells.board import RedisBatchBoard, SnapshotBoard, SnapshotDescriptor
-from gyre_train.cells.cell import BurstPlan, CellConfig, run_cell
-from gyre_train.cells.claims import MicroStepQueue, Phase, QueueConfig, RedisMicroStepQueue, Task
-from gyre_train.cells.local import (
-    BatchResult,
-    gradient_share,
-    merge_shares,
-    ratio_share,
-    train_batch_locally,
-)
-from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, plan_reduction
-from gyre_train.cells.processes import CellCluster
-from gyre_train.cells.producer import ProducerConfig, stream_batch
-from gyre_train.cells.publish import (
-    EnginePublisher,
-    EnginePublisherConfig,
-    PublicationMethod,
-    PublishableModel,
-    WeightPublisher,
-)
-from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica
-from gyre_train.cells.session import (
-    TINY_QWEN3,
-    DemoSummary,
-    SyntheticBatchConfig,
-    cell_configs,
-    demo_streaming,
-    enqueue_batch,
-    synthetic_batch,
-)
-from gyre_train.cells.transport import (
-    MooncakeTransport,
-    TorchDistributedTransport,
-    WeightTransport,
-    make_transport,
-)
-from gyre_train.cells.wire import (
-    BatchManifest,
-    ExecutionTotals,
-    RatioShare,
-    decode_micro_step,
-    encode_micro_step,
-)
+from __future__ import annotations
+
 from gyre_train.exceptions import (
     BatchClosedError,
     EvaluatorFailure,
@@ -68,94 +27,70 @@ from gyre_train.exceptions import (
     UnknownExecutionError,
     UnknownGroupError,
 )
-from gyre_train.objective.logprobs import block_causal_mask, packed_token_logprobs
-from gyre_train.objective.loss import (
-    ExecutionClip,
-    ExecutionSummary,
-    LossConfig,
-    LossCounters,
-    MicroStepLoss,
-    SequenceRatioAccumulator,
-    StepLog,
-    clip_executions,
-    execution_coefficient,
-    log_ratio_sums,
-    step_log,
-    token_loss,
-)
-from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
-from gyre_train.rewards.advantages import (
+from gyre_train.rewards import (
     AdvantageConfig,
-    ExecutionReward,
-    GroupAdvantages,
-    RewardStatus,
-    group_advantages,
-)
-from gyre_train.rewards.evaluation import (
+    CallableEvaluator,
     Clock,
+    CommandEvaluator,
     EvaluationConfig,
     EvaluationOutcome,
     EvaluationResult,
     EvaluationRunner,
     Evaluator,
+    ExecutionReward,
+    GroupAdvantages,
+    JUnitCounts,
     MonotonicClock,
     PreservedState,
+    RewardStatus,
     check_result,
+    group_advantages,
+    read_junit,
 )
-from gyre_train.rewards.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
-from gyre_train.streaming_errors import (
-    CellFailedError,
-    ClaimQueueError,
-    ContributionError,
-    ProducerTimeoutError,
-    PublicationError,
-    WeightTransportError,
-)
-from gyre_train.trajectories.ablation import (
+from gyre_train.trajectories import (
+    CLAUDE_CODE_ORDER,
     PAPER_FB_FRACTION,
     AblationReport,
     AblationSetting,
-    ExecutionResult,
-    SettingSummary,
-    run_ablation,
-    run_execution,
-)
-from gyre_train.trajectories.admission import (
-    CLAUDE_CODE_ORDER,
     Admission,
     AdmissionConfig,
+    AdmissionTree,
     AdmittedTrajectory,
-    ClassPriority,
-    FlatPriority,
-    LeafPriority,
-    admission_rng,
-    admit,
-)
-from gyre_train.trajectories.buffer import GroupSourceConfig, StoreGroupSource, execution_rows
-from gyre_train.trajectories.packing import (
     BatchPacker,
+    CandidateLeaf,
+    ClassPriority,
+    ExecutionResult,
+    ExecutionRows,
+    ExecutionTokens,
+    FlatPriority,
+    GroupSourceConfig,
     GroupTicket,
+    LeafClass,
+    LeafPriority,
     MicroStep,
+    NodeTokens,
     PackingConfig,
     ReadyGroup,
     ReadyGroupSource,
     RowKey,
+    SettingSummary,
+    StoredExecution,
+    StoreGroupSource,
+    TokenRow,
+    admission_rng,
+    admit,
+    execution_coefficient,
+    execution_rows,
+    materialize_rows,
+    run_ablation,
+    run_execution,
     select_oldest,
-)
-from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows
-from gyre_train.trajectories.stored import StoredExecution, stored_execution
-from gyre_train.trajectories.trajectory import (
-    AdmissionTree,
-    CandidateLeaf,
-    ExecutionTokens,
-    LeafClass,
-    NodeTokens,
+    stored_execution,
 )
 
 __all__ = [
     "CLAUDE_CODE_ORDER",
     "PAPER_FB_FRACTION",
-    "TINY_QWEN3",
     "AblationReport",
     "AblationSetting",
     "Admission",
@@ -164,38 +99,23 @@ __all__ = [
     "AdmittedTrajectory",
     "AdvantageConfig",
     "BatchClosedError",
-    "BatchManifest",
     "BatchPacker",
-    "BatchResult",
-    "BurstPlan",
     "CallableEvaluator",
     "CandidateLeaf",
-    "CellCluster",
-    "CellConfig",
-    "CellFailedError",
-    "CellModel",
-    "ClaimQueueError",
     "ClassPriority",
     "Clock",
     "CommandEvaluator",
-    "ContributionError",
-    "DemoSummary",
-    "EnginePublisher",
-    "EnginePublisherConfig",
     "EvaluationConfig",
     "EvaluationOutcome",
     "EvaluationResult",
     "EvaluationRunner",
     "Evaluator",
     "EvaluatorFailure",
-    "ExecutionClip",
     "ExecutionNotClosedError",
     "ExecutionResult",
     "ExecutionReward",
     "ExecutionRows",
-    "ExecutionSummary",
     "ExecutionTokens",
-    "ExecutionTotals",
     "FlatPriority",
     "GroupAdvantages",
     "GroupNotTrainableError",
@@ -212,91 +132,32 @@ __all__ = [
     "JUnitCounts",
     "LeafClass",
     "LeafPriority",
-    "LossConfig",
-    "LossCounters",
-    "MegatronBackend",
-    "MegatronCells",
-    "MegatronModelSpec",
     "MicroStep",
-    "MicroStepLoss",
-    "MicroStepQueue",
-    "ModelSpec",
     "MonotonicClock",
-    "MooncakeTransport",
     "NodeTokens",
-    "OptimizerConfig",
     "PackingConfig",
-    "Phase",
     "PreservedState",
-    "ProducerConfig",
-    "ProducerTimeoutError",
-    "PublicationError",
-    "PublicationMethod",
-    "PublishableModel",
-    "QueueConfig",
-    "RankLayout",
-    "RatioShare",
     "ReadyGroup",
     "ReadyGroupSource",
-    "RedisBatchBoard",
-    "RedisMicroStepQueue",
-    "ReducePlan",
-    "Replica",
     "RewardStatus",
     "RowKey",
     "RowTooLongError",
-    "SequenceRatioAccumulator",
     "SettingSummary",
-    "SnapshotBoard",
-    "SnapshotDescriptor",
-    "StepLog",
     "StoreGroupSource",
     "StoredExecution",
-    "SyntheticBatchConfig",
-    "TakeOver",
-    "Task",
     "TokenRow",
-    "TorchBackend",
-    "TorchDistributedTransport",
-    "TrainingBackend",
     "UnknownExecutionError",
     "UnknownGroupError",
-    "Wait",
-    "WeightPublisher",
-    "WeightTransport",
-    "WeightTransportError",
-    "accumulate_sequence_ratios",
     "admission_rng",
     "admit",
-    "block_causal_mask",
-    "cell_configs",
     "check_result",
-    "clip_executions",
-    "decode_micro_step",
-    "demo_streaming",
-    "encode_micro_step",
-    "enqueue_batch",
     "execution_coefficient",
     "execution_rows",
-    "gradient_share",
     "group_advantages",
-    "log_ratio_sums",
-    "make_transport",
     "materialize_rows",
-    "merge_shares",
-    "micro_step_loss",
-    "packed_token_logprobs",
-    "plan_reduction",
-    "ratio_share",
     "read_junit",
     "run_ablation",
-    "run_cell",
     "run_execution",
     "select_oldest",
-    "step_log",
     "stored_execution",
-    "stream_batch",
-    "synthetic_batch",
-    "token_loss",
-    "train_batch_locally",
 ]

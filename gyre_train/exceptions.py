@@ -19,7 +19,7 @@ GyreTrainError
 
 from __future__ import annotations
 
-from gyre_store.catalog.evaluation import EvaluationErrorKind
+from gyre_store.catalog import EvaluationErrorKind
 
 
 class GyreTrainError(Exception):

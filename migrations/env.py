@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from gyre_store.db.schema import metadata
+from gyre_store.schema import metadata
 
 config = context.config
 url = config.attributes.get("url") or context.get_x_argument(as_dictionary=True).get("url")

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from gyre_store.db.embedded import services
+from gyre_store.db import services
 
 
 def main() -> None:

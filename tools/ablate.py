@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from gyre_tools.cli import add_env_argument
-from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 from rich.table import Table
 
-from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up
-from gyre_store.exceptions import ConfigError
-from gyre_store.trees.view import TreeView
+from gyre_store import ConfigError, PostgresEventLog, PostgresProjectionStore, catch_up
+from gyre_store.trees import TreeView
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 
 if TYPE_CHECKING:
     from gyre_train import AblationReport, AblationSetting, LeafPriority

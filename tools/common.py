@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre_tools.cli import add_env_argument
 from rich.console import Console
 
+from gyre_sched import register_sched_events
 from gyre_store import (
     PostgresEventLog,
     ProjectionSet,
@@ -18,9 +18,9 @@ from gyre_store import (
     evaluation_projections,
     lifecycle_projections,
 )
-from gyre_store.db import migrate
-from gyre_store.db.embedded import Services, default_data_dir, services
-from gyre_store.trees.projection import TreeProjection
+from gyre_store.db import Services, default_data_dir, migrate, services
+from gyre_store.trees import TreeProjection
+from gyre_tools.cli import add_env_argument
 
 console = Console(highlight=False)
 
@@ -62,7 +62,12 @@ def all_projections() -> ProjectionSet:
 def open_store(
     args: argparse.Namespace, *, upgrade: bool = True, with_redis: bool = False
 ) -> Iterator[Opened]:
-    """Start or reach the services, migrate the database to head, open the event log."""
+    """Start or reach the services, migrate the database to head, open the event log.
+
+    The log decodes every event type of every package: the store's own catalog, and the
+    scheduler's ``sched.*`` types, registered here explicitly.
+    """
+    register_sched_events()
     with services(args.database_url, args.redis_url, Path(args.data_dir), with_redis=with_redis) as svc:
         if svc.embedded_database:
             console.print(f"[dim]embedded PostgreSQL: {svc.database_url}[/dim]")

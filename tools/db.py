@@ -6,10 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gyre_store.db import migrate, services
 from gyre_tools.common import add_store_arguments, console
-
-from gyre_store.db import migrate
-from gyre_store.db.embedded import services
 
 
 def register(subparsers: Any) -> None:

@@ -14,10 +14,6 @@ import random
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from gyre_tools.cli import add_env_argument
-from gyre_tools.common import add_store_arguments, all_projections, console, open_store
-from gyre_tools.events import _line
-from gyre_tools.projections import print_rows
 from rich.progress import track
 
 from gyre_store import (
@@ -37,6 +33,10 @@ from gyre_store import (
     catch_up,
     rebuild,
 )
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_tools.events import _line
+from gyre_tools.projections import print_rows
 
 if TYPE_CHECKING:
     import torch
@@ -198,8 +198,7 @@ def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id:
     from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
     from gyre_proxy.ingest.ingestor import Ingestor
     from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
-    from gyre_store.trees.recorder import TrajectoryRecorder
-    from gyre_store.trees.view import TreeView
+    from gyre_store.trees import TrajectoryRecorder, TreeView
     from gyre_train import (
         AdmissionConfig,
         AdvantageConfig,
@@ -208,18 +207,14 @@ def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id:
         EvaluationConfig,
         EvaluationRunner,
         GroupSourceConfig,
-        LossConfig,
-        LossCounters,
         PackingConfig,
-        SequenceRatioAccumulator,
         StoreGroupSource,
-        accumulate_sequence_ratios,
         admission_rng,
         admit,
-        micro_step_loss,
-        step_log,
         stored_execution,
     )
+    from gyre_train.objective.loss import LossConfig, LossCounters, SequenceRatioAccumulator, step_log
+    from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
 
     group, reasons = f"{run_id}-tg", (FinishReason.COMPLETED, FinishReason.HARNESS_TIMEOUT)
     executions = [f"{group}-e{k}" for k in range(len(reasons))]

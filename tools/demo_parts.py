@@ -19,8 +19,7 @@ from gyre_proxy.engines.refengine.model import ModelSource
 from gyre_proxy.service.keys import issue_key
 from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TreeProjection, TreeView
 
 SCRIPT = {
     "rule": "cycle",
@@ -96,7 +95,7 @@ def proxy_part(log: PostgresEventLog, console: Console, *, executions: int = 3) 
 
 def streaming_part(redis_url: str, database_url: str, console: Console) -> None:
     """A core and a satellite train one batch together and publish to a reference engine."""
-    from gyre_train import demo_streaming
+    from gyre_train.cells.session import demo_streaming
 
     with ReferenceEngineServer(ReferenceEngineConfig()) as engine:
         summary = demo_streaming(redis_url, engine.base_url, database_url=database_url)

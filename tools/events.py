@@ -6,10 +6,10 @@ import argparse
 from typing import Any
 
 import msgspec
-from gyre_tools.cli import add_env_argument
-from gyre_tools.common import add_store_arguments, console, open_store
 
 from gyre_store import RecordedEvent, iterate, subscribe
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, console, open_store
 
 
 def register(subparsers: Any) -> None:

@@ -6,10 +6,10 @@ import argparse
 import time
 from typing import Any
 
-from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 from rich.table import Table
 
 from gyre_store import PostgresProjectionStore, catch_up, rebuild
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 
 
 def register(subparsers: Any) -> None:

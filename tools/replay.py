@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gyre_store import InMemoryProjectionStore, PostgresProjectionStore, ProjectionStore, rebuild
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 from gyre_tools.projections import print_rows
-
-from gyre_store import InMemoryProjectionStore, PostgresProjectionStore, ProjectionStore, rebuild
 
 
 def register(subparsers: Any) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gyre_tools.cli import add_env_argument
-from gyre_tools.common import add_store_arguments, console, open_store
 from rich.table import Table
 
-from gyre_sched.live.replay import NoRecordedRunError, ReplayReport, replay_run
+from gyre_sched import NoRecordedRunError
+from gyre_sched.live import ReplayReport, replay_run
 from gyre_store import GyreStoreError
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, console, open_store
 
 SHOWN = 10  # differences and violations listed per kind
 

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from gyre_tools.cli import add_env_argument
-from gyre_tools.common import add_store_arguments, open_store
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -31,12 +29,20 @@ from gyre_sched import (
     load_workload,
     simulate,
 )
-from gyre_sched.sim.plots import role_timeline, steps_and_speedup, waterlevel
-from gyre_sched.sim.presets import PRESETS, with_policy
-from gyre_sched.sim.tables import ablation_table, speedup_table
-from gyre_sched.sim.workload import WorkloadModel
-from gyre_sched.sim.workload_store import workload_from_run
+from gyre_sched.sim import (
+    PRESETS,
+    WorkloadModel,
+    ablation_table,
+    role_timeline,
+    speedup_table,
+    steps_and_speedup,
+    waterlevel,
+    with_policy,
+    workload_from_run,
+)
 from gyre_store import GyreStoreError
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, open_store
 
 TABLE_PRESETS = ("ablation-table", "speedup-table")
 DEFAULT_PRESET = "ablation-E0"

@@ -6,9 +6,6 @@ import argparse
 import uuid
 from typing import Any
 
-from gyre_tools.cli import add_env_argument
-from gyre_tools.common import add_store_arguments, all_projections, console, open_store
-from gyre_tools.trees import stats_table
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gyre_proxy.engines.tokenizer import qwen_tokenizer
@@ -26,8 +23,10 @@ from gyre_store import (
     PostgresProjectionStore,
     catch_up,
 )
-from gyre_store.trees.recorder import TrajectoryRecorder
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeView
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_tools.trees import stats_table
 
 
 def register(subparsers: Any) -> None:

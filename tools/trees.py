@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 from rich.table import Table
 
 from gyre_store import PostgresProjectionStore, catch_up
-from gyre_store.trees.render import draw, outline
-from gyre_store.trees.view import TreeStats, TreeView
+from gyre_store.trees import TreeStats, TreeView, draw, outline
+from gyre_tools.common import add_store_arguments, all_projections, console, open_store
 
 PAPER = {  # execution f3ad38e5, the paper's Appendix C
     "requests": 636,

@@ -31,9 +31,9 @@ from gyre_proxy.ingest.incremental import Match
 from gyre_proxy.ingest.ingestor import Ingestor, Prepared, continuation
 from gyre_proxy.service.routing import RoutedEngine, Router
 from gyre_proxy.service.spool import RecordSpool
-from gyre_store.catalog.tito import CallFinish, ModelCallRecorded, TitoArrays
-from gyre_store.log.events import StreamId
-from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.catalog import CallFinish, ModelCallRecorded, TitoArrays
+from gyre_store.log import StreamId
+from gyre_store.trees import TrajectoryRecorder
 
 MAX_ATTEMPTS = 4
 

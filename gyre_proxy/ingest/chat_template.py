@@ -24,7 +24,7 @@ from gyre_proxy.chat.messages import (
     ToolUseBlock,
 )
 from gyre_proxy.engines.tokenizer import Tokenizer
-from gyre_store.catalog.tito import Provenance
+from gyre_store.catalog import Provenance
 
 TOOLS_PREAMBLE = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -16,8 +16,8 @@ from typing import Protocol
 import msgspec
 
 from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock, ToolUseBlock
-from gyre_store.catalog.tito import AgentKind, CallPurpose
-from gyre_store.trees.recorder import ExecutionContext
+from gyre_store.catalog import AgentKind, CallPurpose
+from gyre_store.trees import ExecutionContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ from gyre_proxy.chat.messages import (
     system_sha,
 )
 from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
-from gyre_store.catalog.tito import HASH_WORDS
-from gyre_store.trees.recorder import ExecutionContext, PrefixPoint
+from gyre_store.catalog import HASH_WORDS
+from gyre_store.trees import ExecutionContext, PrefixPoint
 
 
 def context_key(last_hash: bytes, thinking: bool) -> bytes:

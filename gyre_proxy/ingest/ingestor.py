@@ -19,9 +19,9 @@ from gyre_proxy.chat.messages import ChatRequest, Message
 from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.harnesses import CallTraits, HarnessPlugin
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash
-from gyre_store.catalog.tito import CallFinish, ModelCallRecorded, Provenance, TitoArrays
-from gyre_store.log.events import AppendResult, EventMetadata, NewEvent
-from gyre_store.trees.recorder import PrefixPoint, TrajectoryRecorder
+from gyre_store.catalog import CallFinish, ModelCallRecorded, Provenance, TitoArrays
+from gyre_store.log import AppendResult, EventMetadata, NewEvent
+from gyre_store.trees import PrefixPoint, TrajectoryRecorder
 
 
 @dataclass(frozen=True, slots=True)

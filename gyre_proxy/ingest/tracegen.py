@@ -27,7 +27,7 @@ from gyre_proxy.chat.messages import (
     ToolUseBlock,
 )
 from gyre_proxy.ingest.ingestor import Ingestor, Prepared
-from gyre_store.catalog.tito import CallFinish
+from gyre_store.catalog import CallFinish
 
 WORDS = (  # noqa: SIM905 - reads better as prose
     "def return self import from class if else for while in not and or None True False try except raise with as "

@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 
 from gyre_proxy.chat.answerer import ExecutionAuth
-from gyre_store.catalog.run import ApiKeyIssued, ApiKeyRevoked
-from gyre_store.log.events import NewEvent
-from gyre_store.log.interface import EventLog
+from gyre_store.catalog import ApiKeyIssued, ApiKeyRevoked
+from gyre_store.log import EventLog, NewEvent
 
 KEY_TYPES = ("execution.key_issued", "execution.key_revoked")
 

@@ -23,8 +23,8 @@ from gyre_proxy.ingest.ingestor import Ingestor
 from gyre_proxy.service.keys import StoreKeys
 from gyre_proxy.service.routing import Router
 from gyre_proxy.service.spool import RecordSpool
-from gyre_store.log.interface import EventLog
-from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.log import EventLog
+from gyre_store.trees import TrajectoryRecorder
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from gyre_proxy.engines.types import Engine
 from gyre_proxy.exceptions import EngineUnavailable
-from gyre_store.catalog.run import EngineRoutingChanged
-from gyre_store.log.events import RecordedEvent
+from gyre_store.catalog import EngineRoutingChanged
+from gyre_store.log import RecordedEvent
 
 
 @dataclass

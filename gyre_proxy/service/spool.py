@@ -15,9 +15,9 @@ import threading
 import time
 from types import TracebackType
 
-from gyre_store.exceptions import EventValidationError, GyreStoreError
-from gyre_store.log.events import NewEvent
-from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store import EventValidationError, GyreStoreError
+from gyre_store.log import NewEvent
+from gyre_store.trees import TrajectoryRecorder
 
 log = logging.getLogger(__name__)
 

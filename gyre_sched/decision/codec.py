@@ -16,7 +16,7 @@ from gyre_sched.decision.inputs import Input
 
 
 class LogEntry(msgspec.Struct, frozen=True):
-    """One input fed to the core and the decisions it returned, in order."""
+    """One input fed to the decision core and the decisions it returned, in order."""
 
     input: Input
     decisions: tuple[Decision, ...]

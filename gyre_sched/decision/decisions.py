@@ -1,7 +1,7 @@
 """The outputs of the decision core: typed, frozen, tagged structs.
 
 A decision is what the scheduler has decided, with the ledger values in force when it
-did, so that a log of decisions can be audited without re-running the core.
+did, so that a log of decisions can be audited without re-running the decision core.
 Engines are numbered: POOL (-1) is the separate rollout pool, 0..K-1 are the cells.
 """
 
@@ -68,7 +68,7 @@ class Reroute(msgspec.Struct, frozen=True, tag=True):
 
 
 class CoreAtBurstEnd(msgspec.Struct, frozen=True, tag=True):
-    """Whether the core stays in training (eq. 3 and the supply check) after a burst."""
+    """Whether the core cell stays in training (eq. 3 and the supply check) after a burst."""
 
     at: float
     stays: bool

@@ -1,6 +1,6 @@
 """The inputs of the decision core: small frozen, tagged structs, one per fact.
 
-Dispatches and starts are decisions of the core itself (the paper's scheduler both
+Dispatches and starts are decisions of the decision core itself (the paper's scheduler both
 dispatches groups and starts executions), so only the world's answers arrive here.
 Every input carries ``at``, seconds since the run started.
 """
@@ -24,7 +24,7 @@ class Outcome(enum.Enum):
 
 
 class RunStarted(msgspec.Struct, frozen=True, tag=True):
-    """The run begins: the core fills the queue to its target depth."""
+    """The run begins: the decision core fills the queue to its target depth."""
 
     at: float
 

@@ -1,7 +1,7 @@
 """An independent checker of a run's log of inputs and decisions.
 
 It rebuilds roles, placements, counters and dispatch waves from the log alone, with
-none of the core's code, so it can audit simulated runs and replays of live runs
+none of the decision core's code, so it can audit simulated runs and replays of live runs
 alike. Each check names the invariant of the paper it guards.
 """
 

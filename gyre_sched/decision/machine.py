@@ -1,7 +1,7 @@
 """The decision core: one deterministic state machine shared by the live controller,
 a replay of the event log and the simulator.
 
-``SchedulerCore.handle(input)`` returns the decisions that input causes and nothing
+``DecisionCore.handle(input)`` returns the decisions that input causes and nothing
 else; it performs no I/O and reads no clock but the ``at`` of its inputs, so the same
 input sequence always yields the same decision sequence.
 """
@@ -46,8 +46,8 @@ from gyre_sched.decision.policy import CellRole, policy_for
 from gyre_sched.exceptions import InputOrderError
 
 
-class CoreState(msgspec.Struct, frozen=True):
-    """A read-only snapshot of the core, for recorders and checks."""
+class DecisionState(msgspec.Struct, frozen=True):
+    """A read-only snapshot of the decision core, for recorders and checks."""
 
     counters: Counters
     roles: tuple[CellRole, ...]
@@ -57,7 +57,7 @@ class CoreState(msgspec.Struct, frozen=True):
     ready_unclaimed: int
 
 
-class SchedulerCore:
+class DecisionCore:
     """The scheduling plane's decisions for one run; feed it inputs in time order."""
 
     def __init__(self, cfg: SchedConfig) -> None:
@@ -95,9 +95,9 @@ class SchedulerCore:
         cfg = self.cfg
         return rollout_capacity(cfg.pool_capacity, cfg.cells, self.training_cells, cfg.cell_capacity)
 
-    def state(self) -> CoreState:
+    def state(self) -> DecisionState:
         """A snapshot of the ledger and roles."""
-        return CoreState(
+        return DecisionState(
             counters=self._counters,
             roles=tuple(self._roles),
             training_cells=self.training_cells,
@@ -324,7 +324,7 @@ class SchedulerCore:
         return out
 
 
-def run_core(cfg: SchedConfig, inputs: Iterable[Input]) -> list[LogEntry]:
-    """Feed ``inputs`` to a fresh core; return each input with its decisions (a replay)."""
-    core = SchedulerCore(cfg)
-    return [LogEntry(event, core.handle(event)) for event in inputs]
+def run_decisions(cfg: SchedConfig, inputs: Iterable[Input]) -> list[LogEntry]:
+    """Feed ``inputs`` to a fresh decision core; return each input with its decisions (a replay)."""
+    decider = DecisionCore(cfg)
+    return [LogEntry(event, decider.handle(event)) for event in inputs]

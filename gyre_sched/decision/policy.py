@@ -1,4 +1,4 @@
-"""The three role-allocation policies behind one interface, so one core compares them.
+"""The three role-allocation policies behind one interface, so one decision core compares them.
 
 Elastic (QwenGyre): cells join training one at a time while eq. 2 and the supply check
 hold, and the core may stay past a burst end (eq. 3). Colocate: the cells form one
@@ -25,7 +25,7 @@ class CellRole(enum.Enum):
 
 
 class Policy(Protocol):
-    """What differs between Elastic, Colocate and Async; the core does the rest."""
+    """What differs between Elastic, Colocate and Async; the decision core does the rest."""
 
     kind: PolicyKind
 

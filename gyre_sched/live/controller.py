@@ -1,6 +1,6 @@
-"""The live controller: store facts in, core decisions recorded, commands carried out.
+"""The live controller: store facts in, decision-core decisions recorded, commands carried out.
 
-``Controller`` subscribes to a run's facts in gyre_store, stamps each as a core input,
+``Controller`` subscribes to a run's facts in gyre_store, stamps each as a decision-core input,
 appends the input and its decisions (and the cell role changes they imply) in one
 atomic append, then drives a ``CommandSink`` through the ordered protocol of
 ``commands.carry_out``, recording each command as a ``sched.step`` once it returned.
@@ -19,21 +19,32 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gyre_sched.config import SchedConfig
-from gyre_sched.decision.commands import CommandSink, carry_out
-from gyre_sched.decision.decisions import (
+from gyre_sched.decision import (
     BeginTransition,
+    CellRole,
+    ClockTick,
+    CommandSink,
     CoreAtBurstEnd,
     Decision,
+    DecisionCore,
+    DecisionState,
     Direction,
     DispatchGroups,
+    Input,
     Placement,
     RequestTick,
     Reroute,
+    RunStarted,
+    TransitionDone,
+    carry_out,
 )
-from gyre_sched.decision.inputs import ClockTick, Input, RunStarted, TransitionDone
-from gyre_sched.decision.machine import CoreState, SchedulerCore
-from gyre_sched.decision.policy import CellRole
-from gyre_sched.exceptions import GyreSchedError, InputOrderError
+from gyre_sched.exceptions import (
+    ConfigMismatchError,
+    ControllerConflictError,
+    InputOrderError,
+    NoRecordedRunError,
+    ReplayDivergedError,
+)
 from gyre_sched.live.events import (
     FACT_TYPES,
     ProtocolStep,
@@ -51,26 +62,13 @@ from gyre_sched.live.events import (
     step_key,
     store_role,
 )
-from gyre_sched.live.replay import NoRecordedRunError, load_run
+from gyre_sched.live.replay import load_run
 from gyre_store import iterate, subscribe
 from gyre_store.catalog import run as catalog
-from gyre_store.log.events import EventMetadata, NewEvent, RecordedEvent, StreamId
-from gyre_store.log.interface import EventLog
+from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, StreamId
 
 Clock = Callable[[], float]
 """Seconds since the run started; stamps every input the controller makes."""
-
-
-class ConfigMismatchError(GyreSchedError):
-    """The run's recorded scheduler config differs from the one this controller was given."""
-
-
-class ReplayDivergedError(GyreSchedError):
-    """Replaying the recorded inputs did not reproduce the recorded decisions."""
-
-
-class ControllerConflictError(GyreSchedError):
-    """Another controller recorded this run's next input first: only one may drive a run."""
 
 
 # -- the ordered protocol, planned before anything is carried out ---------------------------
@@ -188,7 +186,7 @@ class Controller:
 
     ``clock`` gives seconds since the run started (default: wall time since the
     ``run.started`` fact was recorded). Facts are handled in log order; an input is
-    stamped ``max(previous input, clock())`` so the core sees time move forward.
+    stamped ``max(previous input, clock())`` so the decision core sees time move forward.
     Constructing one recovers from the log; it raises ConfigMismatchError,
     ReplayDivergedError, or the store's errors (StoreUnavailable, ...).
     """
@@ -219,12 +217,12 @@ class Controller:
 
     @property
     def inputs_recorded(self) -> int:
-        """How many inputs the core has been fed in this run (the next ``seq``)."""
+        """How many inputs the decision core has been fed in this run (the next ``seq``)."""
         return self._seq
 
-    def state(self) -> CoreState:
-        """The core's ledger and roles now."""
-        return self._core.state()
+    def state(self) -> DecisionState:
+        """The decision core's ledger and roles now."""
+        return self._decider.state()
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -234,8 +232,8 @@ class Controller:
         return (datetime.now(UTC) - self._origin).total_seconds()
 
     def _recover(self) -> None:
-        """(Re)build every piece of state from the log: the core, the counters, the wakes."""
-        self._core = SchedulerCore(self.cfg)
+        """(Re)build every piece of state from the log: the decision core, the counters, the wakes."""
+        self._decider = DecisionCore(self.cfg)
         self._seq = 0
         self._version = 0
         self._checkpoint = 0
@@ -261,13 +259,13 @@ class Controller:
         self._checkpoint = run.checkpoint
         for seq, entry in enumerate(run.entries):
             try:
-                decisions = self._core.handle(entry.input)
+                decisions = self._decider.handle(entry.input)
             except InputOrderError as exc:
                 raise ReplayDivergedError(f"recorded input {seq} is refused on replay: {exc}") from exc
             if decisions != entry.decisions:
                 raise ReplayDivergedError(
                     f"input {seq} ({type(entry.input).__name__}) replays to {len(decisions)} decisions "
-                    f"that differ from the {len(entry.decisions)} recorded; was the core changed mid-run?"
+                    f"that differ from the {len(entry.decisions)} recorded; was the decision core changed mid-run?"
                 )
             self._note(entry.input, decisions)
             self._seq = seq + 1
@@ -360,13 +358,13 @@ class Controller:
     # -- handling ---------------------------------------------------------------------------
 
     def _feed(self, event: Input, source: RecordedEvent | None) -> None:
-        before = self._core.state().roles
+        before = self._decider.state().roles
         try:
-            decisions = self._core.handle(event)
+            decisions = self._decider.handle(event)
         except InputOrderError as exc:
             if source is None:
                 raise
-            # The core checks before it changes state, so a refused fact leaves it as it was.
+            # The decision core checks before it changes state, so a refused fact leaves it as it was.
             rejected = SchedRejected(
                 run_id=self.run_id, source_position=source.position, input=event, reason=str(exc)
             )

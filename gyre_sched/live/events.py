@@ -2,12 +2,16 @@
 
 Three kinds live on one stream per run (``sched:<run_id>``), so its gapless version
 orders them and a second controller writing the same run fails on a version conflict:
-``sched.configured`` (the SchedConfig, first), ``sched.input`` (one core input, tagged,
+``sched.configured`` (the SchedConfig, first), ``sched.input`` (one decision-core input, tagged,
 with its ``seq``), ``sched.decision`` (one decision of input ``seq``, tagged) and
 ``sched.step`` (one protocol command carried out). ``sched.rejected`` notes a fact the
-core refused. The world's facts that gyre_store's catalog lacks (group ready, batches,
-transition done) are registered here too; ``fact_event`` and ``input_of`` map between
-facts and core inputs. This module does no I/O.
+decision core refused. The world's facts (group ready, batches, transitions done) are gyre_store's
+catalog types, written by the components that know them; ``fact_event`` and ``input_of``
+map between facts and decision-core inputs. This module does no I/O.
+
+The ``sched.*`` types are registered explicitly, by ``register_sched_events`` (which
+importing ``gyre_sched`` calls, and so does every entry point that opens the store), never
+as a side effect of importing this module.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ from typing import Annotated
 import msgspec
 
 from gyre_sched.config import SchedConfig
-from gyre_sched.decision.decisions import POOL, Decision, Direction
-from gyre_sched.decision.inputs import (
+from gyre_sched.decision import (
+    POOL,
     BatchClosed,
     BatchStarted,
+    CellRole,
     ClockTick,
+    Decision,
+    Direction,
     ExecutionFinished,
     GroupClaimed,
     GroupReady,
@@ -32,10 +39,9 @@ from gyre_sched.decision.inputs import (
     TransitionDone,
     WeightsPublished,
 )
-from gyre_sched.decision.policy import CellRole
-from gyre_sched.exceptions import GyreSchedError
-from gyre_store.catalog import run as catalog
-from gyre_store.log.events import Event, RecordedEvent, StreamId
+from gyre_sched.exceptions import StoreMappingError
+from gyre_store import catalog
+from gyre_store.log import Event, EventRegistry, RecordedEvent, StreamId
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
@@ -43,24 +49,18 @@ Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 SCHED_STREAM = "sched"
 
 
-class StoreMappingError(GyreSchedError):
-    """A store event names an execution, group or engine the scheduler did not number."""
-
-
 # -- the scheduler's own record ------------------------------------------------------------
 
 
-@catalog.REGISTRY.register("sched.configured", stream=SCHED_STREAM, key="run_id")
 class SchedConfigured(Event, frozen=True, kw_only=True):
-    """The config the controller ran the core with; the first event of the stream."""
+    """The config the controller ran the decision core with; the first event of the stream."""
 
     run_id: Ident
     config: SchedConfig
 
 
-@catalog.REGISTRY.register("sched.input", stream=SCHED_STREAM, key="run_id")
 class SchedInput(Event, frozen=True, kw_only=True):
-    """Input number ``seq`` fed to the core; ``source_position`` is the fact it came from
+    """Input number ``seq`` fed to the decision core; ``source_position`` is the fact it came from
     (None for a ClockTick, which the controller makes itself)."""
 
     run_id: Ident
@@ -69,9 +69,8 @@ class SchedInput(Event, frozen=True, kw_only=True):
     source_position: NonNegative | None = None
 
 
-@catalog.REGISTRY.register("sched.decision", stream=SCHED_STREAM, key="run_id")
 class SchedDecision(Event, frozen=True, kw_only=True):
-    """Decision number ``index`` the core returned for input ``seq``."""
+    """Decision number ``index`` the decision core returned for input ``seq``."""
 
     run_id: Ident
     seq: NonNegative
@@ -96,7 +95,6 @@ class ProtocolStep(enum.Enum):
     SCHEDULE_TICK = "schedule_tick"
 
 
-@catalog.REGISTRY.register("sched.step", stream=SCHED_STREAM, key="run_id")
 class SchedStep(Event, frozen=True, kw_only=True):
     """Command number ``ordinal`` of input ``seq``, carried out for decision ``decision``.
 
@@ -116,9 +114,8 @@ class SchedStep(Event, frozen=True, kw_only=True):
     count: NonNegative = 0
 
 
-@catalog.REGISTRY.register("sched.rejected", stream=SCHED_STREAM, key="run_id")
 class SchedRejected(Event, frozen=True, kw_only=True):
-    """The core refused the fact at ``source_position``; it changed no state."""
+    """The decision core refused the fact at ``source_position``; it changed no state."""
 
     run_id: Ident
     source_position: NonNegative
@@ -126,48 +123,29 @@ class SchedRejected(Event, frozen=True, kw_only=True):
     reason: str
 
 
-# -- world facts the store's catalog does not have yet -------------------------------------
+SCHED_EVENT_TYPES: tuple[tuple[str, type[Event]], ...] = (
+    ("sched.configured", SchedConfigured),
+    ("sched.input", SchedInput),
+    ("sched.decision", SchedDecision),
+    ("sched.step", SchedStep),
+    ("sched.rejected", SchedRejected),
+)
+"""The scheduler's own event types, by name; all on the ``sched`` stream, keyed by run."""
 
 
-@catalog.REGISTRY.register("group.ready", stream="group", key="group_id")
-class GroupReadyFact(Event, frozen=True, kw_only=True):
-    """Every execution of the group closed and was evaluated: it can be trained on."""
+def register_sched_events(registry: EventRegistry = catalog.REGISTRY) -> EventRegistry:
+    """Register the ``sched.*`` event types in ``registry`` (the store's by default), once.
 
-    group_id: Ident
-    run_id: Ident
-
-
-@catalog.REGISTRY.register("batch.started", stream="batch", key=("run_id", "step"))
-class BatchStartedFact(Event, frozen=True, kw_only=True):
-    """The trainer opened batch ``step``."""
-
-    run_id: Ident
-    step: NonNegative
-
-
-@catalog.REGISTRY.register("batch.group_claimed", stream="batch", key=("run_id", "step"))
-class GroupClaimedFact(Event, frozen=True, kw_only=True):
-    """The packing buffer took a ready group into batch ``step``."""
-
-    run_id: Ident
-    step: NonNegative
-    group_id: Ident
-
-
-@catalog.REGISTRY.register("batch.closed", stream="batch", key=("run_id", "step"))
-class BatchClosedFact(Event, frozen=True, kw_only=True):
-    """The optimizer update of batch ``step`` finished."""
-
-    run_id: Ident
-    step: NonNegative
-
-
-@catalog.REGISTRY.register("cell.transition_done", stream="cell", key=("run_id", "cell_index"))
-class TransitionDoneFact(Event, frozen=True, kw_only=True):
-    """The cell runtime finished the role change the scheduler began."""
-
-    run_id: Ident
-    cell_index: NonNegative
+    Idempotent: registering again is a no-op. Raises ValueError if another type already
+    holds one of the names. Returns the registry.
+    """
+    for name, cls in SCHED_EVENT_TYPES:
+        if name in registry:
+            if registry.type_of(name) is not cls:
+                raise ValueError(f"event type {name!r} is registered to another class")
+            continue
+        registry.register(name, stream=SCHED_STREAM, key="run_id")(cls)
+    return registry
 
 
 FACT_TYPES: frozenset[str] = frozenset(
@@ -182,10 +160,10 @@ FACT_TYPES: frozenset[str] = frozenset(
         "cell.transition_done",
     }
 )
-"""The store events that become core inputs (what the controller subscribes to)."""
+"""The store events that become decision-core inputs (what the controller subscribes to)."""
 
 
-# -- naming: the store's string ids for the core's numbers ---------------------------------
+# -- naming: the store's string ids for the decision core's numbers ---------------------------------
 
 
 def sched_stream(run_id: str) -> StreamId:
@@ -194,12 +172,12 @@ def sched_stream(run_id: str) -> StreamId:
 
 
 def execution_id(run_id: str, execution: int) -> str:
-    """The store id of the core's execution number ``execution`` (group g holds g N .. g N + N - 1)."""
+    """The store id of the decision core's execution number ``execution`` (group g holds g N .. g N + N - 1)."""
     return f"{run_id}/e{execution}"
 
 
 def group_id(run_id: str, group: int) -> str:
-    """The store id of the core's group number ``group``."""
+    """The store id of the decision core's group number ``group``."""
     return f"{run_id}/g{group}"
 
 
@@ -242,7 +220,7 @@ def engine_number(name: str) -> int:
 
 
 def input_of(recorded: RecordedEvent, run_id: str, at: float) -> Input | None:
-    """The core input a store fact stands for, stamped ``at``; None when the fact belongs
+    """The decision-core input a store fact stands for, stamped ``at``; None when the fact belongs
     to another run or is not a scheduler input. Raises StoreMappingError on a foreign id."""
     ev = recorded.event
     if getattr(ev, "run_id", None) != run_id:
@@ -252,17 +230,17 @@ def input_of(recorded: RecordedEvent, run_id: str, at: float) -> Input | None:
             return RunStarted(at)
         case catalog.ExecutionFinished(execution_id=ident, reason=reason):
             return ExecutionFinished(at, execution_number(run_id, ident), Outcome(reason.value))
-        case GroupReadyFact(group_id=ident):
+        case catalog.GroupReady(group_id=ident):
             return GroupReady(at, group_number(run_id, ident))
-        case BatchStartedFact(step=step):
+        case catalog.BatchStarted(step=step):
             return BatchStarted(at, step)
-        case GroupClaimedFact(step=step, group_id=ident):
+        case catalog.BatchGroupClaimed(step=step, group_id=ident):
             return GroupClaimed(at, group_number(run_id, ident), step)
-        case BatchClosedFact(step=step):
+        case catalog.BatchClosed(step=step):
             return BatchClosed(at, step)
         case catalog.WeightsPublished(policy_version=version):
             return WeightsPublished(at, version)
-        case TransitionDoneFact(cell_index=cell):
+        case catalog.CellTransitionDone(cell_index=cell):
             return TransitionDone(at, cell)
     return None
 
@@ -283,17 +261,17 @@ def fact_event(run_id: str, event: Input, *, step: int = 0) -> Event | None:
                 reason=catalog.FinishReason(outcome.value),
             )
         case GroupReady(group=group):
-            return GroupReadyFact(group_id=group_id(run_id, group), run_id=run_id)
+            return catalog.GroupReady(group_id=group_id(run_id, group), run_id=run_id)
         case BatchStarted(step=batch):
-            return BatchStartedFact(run_id=run_id, step=batch)
+            return catalog.BatchStarted(run_id=run_id, step=batch)
         case GroupClaimed(group=group, step=batch):
-            return GroupClaimedFact(run_id=run_id, step=batch, group_id=group_id(run_id, group))
+            return catalog.BatchGroupClaimed(run_id=run_id, step=batch, group_id=group_id(run_id, group))
         case BatchClosed(step=batch):
-            return BatchClosedFact(run_id=run_id, step=batch)
+            return catalog.BatchClosed(run_id=run_id, step=batch)
         case WeightsPublished(version=version):
             return catalog.WeightsPublished(run_id=run_id, policy_version=version, step=step)
         case TransitionDone(cell=cell):
-            return TransitionDoneFact(run_id=run_id, cell_index=cell)
+            return catalog.CellTransitionDone(run_id=run_id, cell_index=cell)
         case ClockTick():
             return None
 

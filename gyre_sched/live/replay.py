@@ -1,7 +1,7 @@
-"""Replay a run's recorded scheduler inputs through a fresh core and compare decisions.
+"""Replay a run's recorded scheduler inputs through a fresh decision core and compare decisions.
 
 ``load_run`` reads the ``sched:<run_id>`` stream of any EventLog back into a log of
-``LogEntry``; ``replay_run`` feeds its inputs to a new ``SchedulerCore``, reports every
+``LogEntry``; ``replay_run`` feeds its inputs to a new ``DecisionCore``, reports every
 decision that differs (empty when identical), runs ``invariants.check_log`` over the
 replayed log, and checks that the store's execution lifecycle events agree with the
 decisions. It never writes to the log.
@@ -16,29 +16,29 @@ from dataclasses import dataclass
 import msgspec
 
 from gyre_sched.config import SchedConfig
-from gyre_sched.decision.codec import LogEntry
-from gyre_sched.decision.decisions import Decision, DispatchGroups, StartExecutions
-from gyre_sched.decision.invariants import Violation, check_log
-from gyre_sched.decision.machine import SchedulerCore
-from gyre_sched.exceptions import GyreSchedError, InputOrderError
+from gyre_sched.decision import (
+    Decision,
+    DecisionCore,
+    DispatchGroups,
+    LogEntry,
+    StartExecutions,
+    Violation,
+    check_log,
+)
+from gyre_sched.exceptions import InputOrderError, NoRecordedRunError, StoreMappingError
 from gyre_sched.live.events import (
     SchedConfigured,
     SchedDecision,
     SchedInput,
     SchedRejected,
     SchedStep,
-    StoreMappingError,
     engine_name,
     execution_number,
     sched_stream,
 )
 from gyre_store import iterate
 from gyre_store.catalog import run as catalog
-from gyre_store.log.interface import EventLog
-
-
-class NoRecordedRunError(GyreSchedError):
-    """No scheduler events are recorded for that run: nothing to replay."""
+from gyre_store.log import EventLog
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class DiffKind(enum.Enum):
     CHANGED = "changed"  # both exist and differ
     MISSING = "missing"  # replay decided it, the record lacks it
     EXTRA = "extra"  # the record has it, replay did not decide it
-    REJECTED = "rejected"  # the fresh core refused the recorded input; replay stopped there
+    REJECTED = "rejected"  # the fresh decision core refused the recorded input; replay stopped there
 
 
 class DecisionDiff(msgspec.Struct, frozen=True):
@@ -126,13 +126,13 @@ class DecisionDiff(msgspec.Struct, frozen=True):
 
 
 def compare(cfg: SchedConfig, entries: Sequence[LogEntry]) -> tuple[list[LogEntry], list[DecisionDiff]]:
-    """Feed ``entries``' inputs to a fresh core: the replayed log and every difference."""
-    core = SchedulerCore(cfg)
+    """Feed ``entries``' inputs to a fresh decision core: the replayed log and every difference."""
+    decider = DecisionCore(cfg)
     replayed: list[LogEntry] = []
     diffs: list[DecisionDiff] = []
     for seq, entry in enumerate(entries):
         try:
-            decisions = core.handle(entry.input)
+            decisions = decider.handle(entry.input)
         except InputOrderError as exc:
             diffs.append(DecisionDiff(DiffKind.REJECTED, seq, 0, None, None, str(exc)))
             break

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from gyre_sched.decision.decisions import Direction
+from gyre_sched.decision import Direction
 from gyre_sched.sim.results import SimResult, cumulative_speedup
 from gyre_sched.sim.workload import HOUR
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from gyre_sched.decision.decisions import Direction
+from gyre_sched.decision import Direction
 
 
 class TransitionRecord(msgspec.Struct, frozen=True):

@@ -1,6 +1,6 @@
 """The discrete-event cluster simulator, driving the same decision core as a live run.
 
-Reads top to bottom: a heap of timed events; each core input goes to the core first,
+Reads top to bottom: a heap of timed events; each decision-core input goes to the decision core first,
 its decisions are carried out through ``CommandSink`` by ``SimCluster``, and then the
 simulated world reacts to the input (groups become ready, cells join the trainer).
 Ties in time resolve by insertion order, so a seed fixes the whole run.
@@ -14,25 +14,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gyre_sched.config import SchedConfig
-from gyre_sched.decision.codec import LogEntry
-from gyre_sched.decision.commands import carry_out
-from gyre_sched.decision.decisions import (
+from gyre_sched.decision import (
     BeginTransition,
+    ClockTick,
     CoreAtBurstEnd,
+    DecisionCore,
     Direction,
     DispatchGroups,
-    Placement,
-)
-from gyre_sched.decision.inputs import (
-    ClockTick,
     ExecutionFinished,
     GroupClaimed,
     GroupReady,
+    LogEntry,
     Outcome,
+    Placement,
     RunStarted,
     TransitionDone,
+    carry_out,
 )
-from gyre_sched.decision.machine import SchedulerCore
 from gyre_sched.exceptions import ConfigError
 from gyre_sched.sim.cluster import ClusterConfig
 from gyre_sched.sim.results import SimResult, TransitionRecord, WaterlevelSample
@@ -85,7 +83,7 @@ class SimCluster:
         pass  # the simulated engine has no admission queue to close
 
     def reserve_capacity(self, engine: int, count: int) -> None:
-        pass  # the core already counted the destination slots
+        pass  # the decision core already counted the destination slots
 
     def update_routing(self, moves: tuple[Placement, ...]) -> None:
         self.reroutes += len(moves)
@@ -141,9 +139,9 @@ def simulate(
     cluster.validate()
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")
-    core = SchedulerCore(sched)
+    decider = DecisionCore(sched)
     pool = ReadyPool()
-    initial = [c for c, role in enumerate(core.state().roles) if role.value == "train"]
+    initial = [c for c, role in enumerate(decider.state().roles) if role.value == "train"]
     trainer = Trainer(sched, cluster, pool, initial)
     world = SimCluster(sched, cluster, workload, np.random.default_rng(seed), pool, trainer)
     heap = EventQueue()
@@ -179,7 +177,7 @@ def simulate(
             heap.push(trainer.broadcast_done(now))
             continue
         inputs += 1
-        decisions = core.handle(event)
+        decisions = decider.handle(event)
         if keep_log:
             log.append(LogEntry(event, decisions))
         world.pending = []
@@ -193,7 +191,7 @@ def simulate(
                         now, None, decision.cell, decision.direction, decision.w, decision.c_r, decision.c_e
                     )
                 )
-        # the world reacts to the fact after the core has decided on it
+        # the world reacts to the fact after the decision core has decided on it
         match event:
             case ExecutionFinished(execution=execution):
                 finished += 1
@@ -213,9 +211,9 @@ def simulate(
                 records[index] = TransitionRecord(
                     done.at_s, now, done.cell, done.direction, done.w, done.c_r, done.c_e
                 )
-                if done.direction is Direction.TO_TRAIN and core.state().roles[cell].value == "train":
+                if done.direction is Direction.TO_TRAIN and decider.state().roles[cell].value == "train":
                     heap.push(trainer.add_member(cell, now))
-        state = core.state()
+        state = decider.state()
         sample = (
             state.counters.waterlevel,
             state.rollout_capacity - sched.cell_capacity,

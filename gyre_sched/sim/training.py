@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gyre_sched.config import SchedConfig
-from gyre_sched.decision.inputs import BatchClosed, BatchStarted, GroupClaimed, Input, WeightsPublished
+from gyre_sched.decision import BatchClosed, BatchStarted, GroupClaimed, Input, WeightsPublished
 from gyre_sched.sim.cluster import ClusterConfig
 
 

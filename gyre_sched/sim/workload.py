@@ -13,7 +13,7 @@ from typing import Protocol
 import msgspec
 import numpy as np
 
-from gyre_sched.decision.inputs import Outcome
+from gyre_sched.decision import Outcome
 from gyre_sched.exceptions import WorkloadError
 
 HOUR = 3600.0

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gyre_sched.decision.inputs import Outcome
+from gyre_sched.decision import Outcome
 from gyre_sched.exceptions import WorkloadFileError
 from gyre_sched.sim.workload import HOUR, EmpiricalWorkload, GroupSample
 

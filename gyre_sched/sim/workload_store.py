@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from gyre_sched.decision.inputs import Outcome
+from gyre_sched.decision import Outcome
 from gyre_sched.exceptions import WorkloadError
 from gyre_sched.sim.workload import EmpiricalWorkload, GroupSample
 from gyre_store import iterate
 from gyre_store.catalog import run as catalog
-from gyre_store.log.interface import EventLog
+from gyre_store.log import EventLog
 
 _TYPES = ("execution.dispatched", "execution.started", "execution.finished")
 

@@ -14,8 +14,9 @@ from typing import Annotated
 
 import msgspec
 
-from gyre_store.catalog.run import REGISTRY, FinishReason, Ident, NonNegative
-from gyre_store.log.events import Event, EventMetadata, NewEvent
+from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative
+from gyre_store.catalog.run import FinishReason
+from gyre_store.log import Event, EventMetadata, NewEvent
 
 Score = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]
 BranchRefs = tuple[str, ...]

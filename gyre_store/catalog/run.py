@@ -1,8 +1,8 @@
 """The event types of a gyre run: runs, groups, executions, cells and policy versions.
 
-Each type is one thing that happened; the scheduler's counters d, p and f are not stored
-as numbers but derived from execution lifecycle events. Later domains (model calls,
-evaluations, scheduler decisions) register their types in the same ``REGISTRY``.
+Each type is one thing that happened, appended by the component that knows it; the
+scheduler's counters d, p and f are not stored as numbers but derived from execution
+lifecycle events.
 """
 
 from __future__ import annotations
@@ -12,13 +12,8 @@ from typing import Annotated
 
 import msgspec
 
-from gyre_store.log.events import Event, EventRegistry
-
-REGISTRY = EventRegistry()
-
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-Positive = Annotated[int, msgspec.Meta(ge=1)]
-Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative, Positive
+from gyre_store.log import Event
 
 
 class FinishReason(enum.StrEnum):
@@ -94,6 +89,22 @@ class CellRoleChanged(Event, frozen=True, kw_only=True):
     role: CellRole
     previous: CellRole
     reason: str = ""
+
+
+@REGISTRY.register("cell.transition_done", stream="cell", key=("run_id", "cell_index"))
+class CellTransitionDone(Event, frozen=True, kw_only=True):
+    """The cell runtime finished the role change the scheduler began."""
+
+    run_id: Ident
+    cell_index: NonNegative
+
+
+@REGISTRY.register("group.ready", stream="group", key="group_id")
+class GroupReady(Event, frozen=True, kw_only=True):
+    """Every execution of the group closed and was evaluated: it can be trained on."""
+
+    group_id: Ident
+    run_id: Ident
 
 
 @REGISTRY.register("policy.published", stream="policy", key="run_id")

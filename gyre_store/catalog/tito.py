@@ -16,10 +16,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gyre_store.catalog.run import REGISTRY, Ident, NonNegative
+from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative
 from gyre_store.exceptions import MalformedEvent
-from gyre_store.log.events import Event, EventMetadata, NewEvent
-from gyre_store.log.payload import Payload
+from gyre_store.log import Event, EventMetadata, NewEvent, Payload
 
 
 class Provenance(enum.IntEnum):

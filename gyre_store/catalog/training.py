@@ -12,8 +12,8 @@ from typing import Annotated
 
 import msgspec
 
-from gyre_store.catalog.run import REGISTRY, Ident, NonNegative, Positive
-from gyre_store.log.events import Event
+from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative, Positive
+from gyre_store.log import Event
 
 TRAIN_STREAM = "train"
 Phase = Annotated[int, msgspec.Meta(ge=1, le=2)]
@@ -65,3 +65,28 @@ class TrainingUpdate(Event, frozen=True, kw_only=True):
     grad_norm: float
     final: bool  # the burst's last update: published to the engines, not broadcast
     failed_reductions: NonNegative = 0  # reductions a member died inside before this one counted
+
+
+@REGISTRY.register("batch.started", stream="batch", key=("run_id", "step"))
+class BatchStarted(Event, frozen=True, kw_only=True):
+    """The trainer opened batch ``step``."""
+
+    run_id: Ident
+    step: NonNegative
+
+
+@REGISTRY.register("batch.group_claimed", stream="batch", key=("run_id", "step"))
+class BatchGroupClaimed(Event, frozen=True, kw_only=True):
+    """The packing buffer took a ready group into batch ``step``."""
+
+    run_id: Ident
+    step: NonNegative
+    group_id: Ident
+
+
+@REGISTRY.register("batch.closed", stream="batch", key=("run_id", "step"))
+class BatchClosed(Event, frozen=True, kw_only=True):
+    """The optimizer update of batch ``step`` finished."""
+
+    run_id: Ident
+    step: NonNegative

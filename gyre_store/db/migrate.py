@@ -1,7 +1,7 @@
 """Schema migrations: upgrade a database to head and check it against the models.
 
 Alembic runs the explicit-SQL migrations in ``migrations/``; the check compares the
-migrated schema with ``gyre_store.db.schema`` so a migration and its model cannot drift.
+migrated schema with ``gyre_store.schema`` so a migration and its model cannot drift.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from gyre_store.db.schema import metadata
+from gyre_store.schema import metadata
 
 # The migrations ship as the package ``gyre_store.migrations`` (the top-level ``migrations/``
 # folder, mapped in pyproject.toml); Alembic reads them from that folder on disk.

@@ -263,6 +263,11 @@ class EventRegistry:
         return self.from_body(name, schema_version or cls.schema_version, msgspec.json.encode(body))
 
 
+REGISTRY = EventRegistry()
+"""The store's registry: what a log decodes by default. ``gyre_store.catalog`` fills it with
+every type the store holds; other packages register theirs explicitly."""
+
+
 def plan_append(
     batch: Sequence[EncodedEvent],
     head: int,

@@ -18,11 +18,11 @@ import psycopg.errors
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from gyre_store.catalog.run import REGISTRY
 from gyre_store.config import StoreConfig
 from gyre_store.exceptions import GyreStoreError, StoreUnavailable, StreamVersionConflict
 from gyre_store.log import queries
 from gyre_store.log.events import (
+    REGISTRY,
     AppendResult,
     EncodedEvent,
     EventMetadata,

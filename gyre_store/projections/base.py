@@ -16,8 +16,7 @@ from typing import Any, ClassVar, Protocol
 import sqlalchemy as sa
 
 from gyre_store.exceptions import ProjectionError, UnknownProjection
-from gyre_store.log.events import RecordedEvent
-from gyre_store.log.interface import EventLog
+from gyre_store.log import EventLog, RecordedEvent
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]

@@ -13,19 +13,22 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from gyre_store.catalog.evaluation import (
+from gyre_store import schema
+from gyre_store.catalog import (
     ArtifactPreserved,
     EvaluationFailed,
     EvaluationRecorded,
     EvaluationStatus,
+    ExecutionDispatched,
     ExecutionExcluded,
+    ExecutionFinished,
+    FinishReason,
     GroupConsumed,
+    GroupDispatched,
     PlaceholderInserted,
     RewardAssigned,
 )
-from gyre_store.catalog.run import ExecutionDispatched, ExecutionFinished, FinishReason, GroupDispatched
-from gyre_store.db import schema
-from gyre_store.log.events import RecordedEvent
+from gyre_store.log import RecordedEvent
 from gyre_store.projections.base import Projection, ProjectionSet, Row, RowStore
 
 ARTIFACTS, EVALUATIONS, REWARDS = "gyre_artifacts", "gyre_evaluations", "gyre_rewards"

@@ -10,15 +10,15 @@ from typing import ClassVar
 
 import sqlalchemy as sa
 
-from gyre_store.catalog.run import (
+from gyre_store import schema
+from gyre_store.catalog import (
     CellRoleChanged,
     ExecutionDispatched,
     ExecutionFinished,
     ExecutionStarted,
     WeightsPublished,
 )
-from gyre_store.db import schema
-from gyre_store.log.events import RecordedEvent
+from gyre_store.log import RecordedEvent
 from gyre_store.projections.base import Projection, ProjectionSet, RowStore
 
 

@@ -14,11 +14,11 @@ from typing import Any, ClassVar
 import numpy as np
 import sqlalchemy as sa
 
-from gyre_store.catalog.tito import AgentKind, ModelCallRecorded, TitoArrays, leaf_class
-from gyre_store.db import schema
+from gyre_store import schema
+from gyre_store.catalog import AgentKind, ModelCallRecorded, TitoArrays, leaf_class
 from gyre_store.exceptions import ProjectionError
-from gyre_store.log.events import RecordedEvent
-from gyre_store.projections.base import Projection, Row, RowStore
+from gyre_store.log import RecordedEvent
+from gyre_store.projections import Projection, Row, RowStore
 
 NODES, RECORDS, STATE = "gyre_tree_nodes", "gyre_tree_records", "gyre_tree_state"
 

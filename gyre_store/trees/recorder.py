@@ -13,10 +13,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from gyre_store.catalog.tito import HASH_WORDS, ModelCallRecorded, TitoArrays, new_record
+from gyre_store.catalog import HASH_WORDS, ModelCallRecorded, TitoArrays, new_record
 from gyre_store.exceptions import MalformedEvent, StreamVersionConflict
-from gyre_store.log.events import AppendResult, EventMetadata, NewEvent, StreamId
-from gyre_store.log.interface import EventLog
+from gyre_store.log import AppendResult, EventLog, EventMetadata, NewEvent, StreamId
 
 
 @dataclass(frozen=True, slots=True)

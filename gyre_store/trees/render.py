@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.tree import Tree
 
-from gyre_store.catalog.tito import LeafClass
+from gyre_store.catalog import LeafClass
 from gyre_store.trees.view import TreeView
 
 CLASS_COLOURS = {

@@ -15,9 +15,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gyre_store.catalog.tito import LeafClass
+from gyre_store.catalog import LeafClass
 from gyre_store.exceptions import GyreStoreError
-from gyre_store.projections.base import ProjectionStore, Row
+from gyre_store.projections import ProjectionStore, Row
 
 
 @dataclass(frozen=True, slots=True)

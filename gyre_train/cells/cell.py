@@ -27,15 +27,17 @@ import redis
 import torch.distributed as dist
 
 from gyre_store import EventLog, NewEvent, PostgresEventLog, StoreConfig
-from gyre_store.catalog.run import CellRole, CellRoleChanged, WeightsPublished
-from gyre_store.catalog.training import (
+from gyre_store.catalog import (
     CellJoinedBatch,
+    CellRole,
+    CellRoleChanged,
     ContributionAccepted,
     MicroStepClaimed,
     TrainingUpdate,
+    WeightsPublished,
     contribution_key,
 )
-from gyre_store.log.events import Event, EventMetadata
+from gyre_store.log import Event, EventMetadata
 from gyre_train.backends.pytorch import OptimizerConfig, TrainingBackend
 from gyre_train.cells.board import RedisBatchBoard
 from gyre_train.cells.claims import Phase, QueueConfig, RedisMicroStepQueue, Task

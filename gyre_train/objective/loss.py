@@ -40,13 +40,6 @@ class LossConfig:
             raise InvalidConfigError("token_ratio_cap and token_loss_cap must be positive")
 
 
-def execution_coefficient(target_count: int, raw_executions: int) -> float:
-    """The weight 1 / (L_i * B*N) of every target of an execution; 0 when L_i = 0 (eq. 6)."""
-    if raw_executions < 1 or target_count < 0:
-        raise InvalidLossInputError(f"L_i={target_count}, B*N={raw_executions}")
-    return 0.0 if target_count == 0 else 1.0 / (target_count * raw_executions)
-
-
 class ExecutionSummary(Protocol):
     """What pass 1 needs of an execution (ExecutionRows satisfies it)."""
 

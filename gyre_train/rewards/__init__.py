@@ -1,0 +1,47 @@
+"""Rewards: evaluation outcomes of preserved workspaces into rewards (partial scoring,
+pending, retry, exclusion, placeholders), the evaluators, and group-relative advantages.
+No value function, no torch.
+"""
+
+from __future__ import annotations
+
+from gyre_train.rewards.advantages import (
+    AdvantageConfig,
+    ExecutionReward,
+    GroupAdvantages,
+    RewardStatus,
+    group_advantages,
+)
+from gyre_train.rewards.evaluation import (
+    Clock,
+    EvaluationConfig,
+    EvaluationOutcome,
+    EvaluationResult,
+    EvaluationRunner,
+    Evaluator,
+    MonotonicClock,
+    PreservedState,
+    check_result,
+)
+from gyre_train.rewards.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
+
+__all__ = [
+    "AdvantageConfig",
+    "CallableEvaluator",
+    "Clock",
+    "CommandEvaluator",
+    "EvaluationConfig",
+    "EvaluationOutcome",
+    "EvaluationResult",
+    "EvaluationRunner",
+    "Evaluator",
+    "ExecutionReward",
+    "GroupAdvantages",
+    "JUnitCounts",
+    "MonotonicClock",
+    "PreservedState",
+    "RewardStatus",
+    "check_result",
+    "group_advantages",
+    "read_junit",
+]

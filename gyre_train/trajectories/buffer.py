@@ -25,10 +25,9 @@ from gyre_store import (
     catch_up,
     consumption_key,
 )
-from gyre_store.catalog.run import FinishReason
-from gyre_store.projections.base import Row
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import FinishReason
+from gyre_store.projections import Row
+from gyre_store.trees import TreeProjection, TreeView
 from gyre_train.exceptions import GroupNotTrainableError, UnknownGroupError
 from gyre_train.rewards.advantages import AdvantageConfig, ExecutionReward, RewardStatus, group_advantages
 from gyre_train.trajectories.admission import AdmissionConfig, admission_rng, admit

@@ -15,13 +15,25 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from gyre_train.exceptions import BatchClosedError, InvalidConfigError, InvalidRowsError, RowTooLongError
-from gyre_train.objective.loss import execution_coefficient
+from gyre_train.exceptions import (
+    BatchClosedError,
+    InvalidConfigError,
+    InvalidLossInputError,
+    InvalidRowsError,
+    RowTooLongError,
+)
 from gyre_train.trajectories.rows import ExecutionRows, TokenRow
 from gyre_train.trajectories.trajectory import BoolArray, Float32Array, Int32Array
 
 Float64Array = npt.NDArray[np.float64]
 _Scalar = TypeVar("_Scalar", bound=np.generic)
+
+
+def execution_coefficient(target_count: int, raw_executions: int) -> float:
+    """The weight 1 / (L_i * B*N) of every target of an execution; 0 when L_i = 0 (eq. 6)."""
+    if raw_executions < 1 or target_count < 0:
+        raise InvalidLossInputError(f"L_i={target_count}, B*N={raw_executions}")
+    return 0.0 if target_count == 0 else 1.0 / (target_count * raw_executions)
 
 
 @dataclass(frozen=True, slots=True)

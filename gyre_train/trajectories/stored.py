@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre_store.catalog.tito import Provenance
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import Provenance
+from gyre_store.trees import TreeView
 from gyre_train.trajectories.trajectory import (
     AdmissionTree,
     CandidateLeaf,

@@ -22,9 +22,8 @@ from gyre_proxy.engines.refengine.model import ModelSource
 from gyre_proxy.service.keys import issue_key
 from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
-from gyre_store.catalog.tito import Provenance
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import Provenance
+from gyre_store.trees import TreeProjection, TreeView
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,9 +20,8 @@ from gyre_proxy.engines.refengine.model import ModelSource
 from gyre_proxy.service.keys import issue_key, revoke_key
 from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
-from gyre_store.catalog.tito import Provenance
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import Provenance
+from gyre_store.trees import TreeProjection, TreeView
 
 TOOL_CALL = 'Let me look.\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
 LONG = "The files are listed above. " + "Here is a long explanation of every one of them. " * 40

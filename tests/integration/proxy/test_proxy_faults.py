@@ -16,7 +16,7 @@ from gyre_proxy.service.keys import issue_key
 from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
 from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig
 from gyre_store.db import migrate
-from gyre_store.log.events import StreamId
+from gyre_store.log import StreamId
 from tests import pgcluster
 
 

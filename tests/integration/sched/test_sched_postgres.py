@@ -8,12 +8,10 @@ import pathlib
 import msgspec
 import psycopg
 import pytest
-from gyre_tools import cli
-from gyre_tools import sched as sched_cli
 
 from gyre_sched import BeginTransition, SchedDecision, replay_run, simulate, workload_from_run
-from gyre_sched.live.replay import DiffKind, load_run
-from gyre_sched.sim.presets import WORKLOADS
+from gyre_sched.live import DiffKind, load_run
+from gyre_sched.sim import WORKLOADS
 from gyre_store import (
     Event,
     InMemoryEventLog,
@@ -25,6 +23,8 @@ from gyre_store import (
     catch_up,
     lifecycle_projections,
 )
+from gyre_tools import cli
+from gyre_tools import sched as sched_cli
 from tests.unit.sched.helpers import small_cluster, tiny
 from tests.unit.sched.test_controller import RUN, drive
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-from gyre_store import NewEvent, PostgresEventLog, StoreConfig
-from gyre_store.catalog.run import REGISTRY, ExecutionDispatched
+from gyre_store import REGISTRY, NewEvent, PostgresEventLog, StoreConfig
+from gyre_store.catalog import ExecutionDispatched
 
 
 def batch_of(n: int, tag: str) -> list[NewEvent]:

@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from gyre_store import NewEvent, PostgresEventLog, StoreConfig, StreamId, StreamVersionConflict
-from gyre_store.catalog.run import REGISTRY, ExecutionDispatched, ExecutionStarted
+from gyre_store import REGISTRY, NewEvent, PostgresEventLog, StoreConfig, StreamId, StreamVersionConflict
+from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
 
 CHILD = Path(__file__).with_name("killed_writer.py")
 ROOT = Path(__file__).resolve().parents[3]

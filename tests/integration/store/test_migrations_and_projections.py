@@ -82,7 +82,7 @@ def test_rebuild_equals_incremental_on_postgres(pg_template: str, events: list[N
 
 
 def test_replay_schema_leaves_live_projections_alone(pg_log: PostgresEventLog) -> None:
-    from gyre_store.catalog.run import ExecutionDispatched, ExecutionStarted
+    from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
 
     pg_log.append(
         [
@@ -109,7 +109,7 @@ def test_replay_schema_leaves_live_projections_alone(pg_log: PostgresEventLog) -
 
 def test_a_reader_that_does_not_know_a_type_still_reads_the_log(database_url: str) -> None:
     from gyre_store import EventRegistry
-    from gyre_store.log.events import OpaqueEvent
+    from gyre_store.log import OpaqueEvent
 
     _, new = make_registries()
     with PostgresEventLog(StoreConfig(database_url), registry=new) as log:
@@ -123,7 +123,7 @@ def test_a_reader_that_does_not_know_a_type_still_reads_the_log(database_url: st
 def test_concurrent_projectors_apply_each_event_once(pg_log: PostgresEventLog) -> None:
     import threading
 
-    from gyre_store.catalog.run import ExecutionDispatched
+    from gyre_store.catalog import ExecutionDispatched
 
     for i in range(0, 600, 100):
         pg_log.append(

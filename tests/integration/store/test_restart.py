@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from gyre_store import NewEvent, PostgresEventLog, RetryPolicy, StoreConfig, StoreUnavailable
-from gyre_store.catalog.run import ExecutionStarted
+from gyre_store.catalog import ExecutionStarted
 from gyre_store.db import migrate
 from tests import pgcluster
 

@@ -11,9 +11,7 @@ from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
 from gyre_proxy.ingest.ingestor import Ingestor
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.recorder import TrajectoryRecorder
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 
 SMALL = TraceConfig(
     seed=5,

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from gyre_store import FinishReason, PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
-from gyre_store.catalog.tito import ModelCallRecorded, Provenance, TitoArrays, new_record
+from gyre_store.catalog import ModelCallRecorded, Provenance, TitoArrays, new_record
 from gyre_train import (
     AdmissionConfig,
     BatchPacker,

@@ -30,8 +30,8 @@ from gyre_proxy.engines.refengine import (
     load_model,
     save_model_dir,
 )
-from gyre_train import EnginePublisher, EnginePublisherConfig
 from gyre_train.backends.pytorch import TrainingBackend
+from gyre_train.cells.publish import EnginePublisher, EnginePublisherConfig
 from gyre_train.streaming_errors import PublicationError
 
 pytestmark = pytest.mark.integration

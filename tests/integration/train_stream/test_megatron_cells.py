@@ -20,8 +20,13 @@ import torch.multiprocessing as mp
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
 from gyre_store import PostgresEventLog, iterate
-from gyre_store.catalog.run import CellRole, CellRoleChanged
-from gyre_store.catalog.training import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_store.catalog import (
+    CellRole,
+    CellRoleChanged,
+    ContributionAccepted,
+    MicroStepClaimed,
+    TrainingUpdate,
+)
 from gyre_train.backends.megatron import MegatronModelSpec
 from gyre_train.backends.megatron_export import gpt2_config, to_gpt2
 from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig

@@ -17,8 +17,7 @@ import torch
 
 from gyre_proxy.engines.refengine import free_port
 from gyre_store import PostgresEventLog, PostgresProjectionStore, iterate
-from gyre_store.catalog.evaluation import GroupConsumed
-from gyre_store.catalog.tito import ModelCallRecorded, Provenance, TitoArrays, new_record
+from gyre_store.catalog import GroupConsumed, ModelCallRecorded, Provenance, TitoArrays, new_record
 from gyre_train import (
     AdmissionConfig,
     CallableEvaluator,

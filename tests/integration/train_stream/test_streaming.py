@@ -19,8 +19,13 @@ import torch
 
 from gyre_proxy.engines.refengine import free_port
 from gyre_store import PostgresEventLog, iterate
-from gyre_store.catalog.run import CellRole, CellRoleChanged
-from gyre_store.catalog.training import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_store.catalog import (
+    CellRole,
+    CellRoleChanged,
+    ContributionAccepted,
+    MicroStepClaimed,
+    TrainingUpdate,
+)
 from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
 from gyre_train.cells.board import RedisBatchBoard
 from gyre_train.cells.cell import BurstPlan

@@ -21,7 +21,7 @@ from gyre_proxy.ingest.ingestor import Ingestor
 from gyre_proxy.service.routing import Router
 from gyre_proxy.service.spool import RecordSpool
 from gyre_store import InMemoryEventLog
-from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees import TrajectoryRecorder
 
 TEXT = "Plan: naïve café — 日本語のテキスト 🚀 résumé; then run `ls`. "
 

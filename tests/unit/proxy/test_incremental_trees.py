@@ -15,10 +15,8 @@ from gyre_proxy.ingest.incremental import encode_request, full_messages
 from gyre_proxy.ingest.ingestor import Ingestor
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
-from gyre_store.catalog.tito import CallFinish, Provenance, TitoArrays
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.recorder import ExecutionContext, TrajectoryRecorder
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import CallFinish, Provenance, TitoArrays
+from gyre_store.trees import ExecutionContext, TrajectoryRecorder, TreeProjection, TreeView
 
 SMALL = TraceConfig(
     seed=3,

@@ -29,9 +29,9 @@ from gyre_proxy.ingest.ingestor import Ingestor
 from gyre_proxy.service.routing import Router
 from gyre_proxy.service.spool import RecordSpool
 from gyre_store import InMemoryEventLog
-from gyre_store.catalog.tito import TitoArrays
-from gyre_store.log.events import StreamId
-from gyre_store.trees.recorder import ExecutionContext, PrefixPoint, TrajectoryRecorder
+from gyre_store.catalog import TitoArrays
+from gyre_store.log import StreamId
+from gyre_store.trees import ExecutionContext, PrefixPoint, TrajectoryRecorder
 
 pytestmark = pytest.mark.anyio
 

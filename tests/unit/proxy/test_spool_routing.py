@@ -8,7 +8,7 @@ from gyre_proxy.engines.testing import FakeEngine
 from gyre_proxy.service.routing import Router
 from gyre_proxy.service.spool import RecordSpool
 from gyre_store import ExecutionStarted, GyreStoreError, MalformedEvent, NewEvent
-from gyre_store.log.events import AppendResult
+from gyre_store.log import AppendResult
 
 
 class FlakyRecorder:

@@ -25,13 +25,12 @@ from gyre_sched import (
     encode_log,
     get_preset,
     input_from_dict,
-    run_core,
+    run_decisions,
     simulate,
     to_dict,
 )
-from gyre_sched.decision.decisions import DECISION_TYPES
-from gyre_sched.decision.inputs import INPUT_TYPES
-from gyre_sched.sim.presets import WORKLOADS
+from gyre_sched.decision import DECISION_TYPES, INPUT_TYPES
+from gyre_sched.sim import WORKLOADS
 from gyre_sched.testing import RecordingSink
 
 DECISIONS = [
@@ -69,7 +68,7 @@ def test_simulated_run_replays_identically_from_json() -> None:
     run = simulate(preset.sched, preset.cluster, WORKLOADS[preset.workload], steps=3, seed=7, keep_log=True)
     restored = decode_log(encode_log(run.log))
     assert restored == run.log
-    replayed = run_core(preset.sched, [entry.input for entry in restored])
+    replayed = run_decisions(preset.sched, [entry.input for entry in restored])
     assert [e.decisions for e in replayed] == [e.decisions for e in run.log]
     assert any(e.decisions for e in replayed)
 

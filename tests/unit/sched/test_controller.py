@@ -13,6 +13,8 @@ import pytest
 from gyre_sched import (
     BeginTransition,
     ClusterConfig,
+    ConfigMismatchError,
+    ControllerConflictError,
     Direction,
     DispatchGroups,
     GroupClaimed,
@@ -22,9 +24,9 @@ from gyre_sched import (
     SchedConfig,
     simulate,
 )
-from gyre_sched.decision.inputs import ExecutionFinished, GroupReady, RunStarted, TransitionDone
-from gyre_sched.live.controller import ConfigMismatchError, Controller, ControllerConflictError, plan_commands
-from gyre_sched.live.events import (
+from gyre_sched.decision import ExecutionFinished, GroupReady, RunStarted, TransitionDone
+from gyre_sched.live import (
+    Controller,
     ProtocolStep,
     SchedRejected,
     SchedStep,
@@ -32,17 +34,19 @@ from gyre_sched.live.events import (
     execution_id,
     fact_event,
     group_id,
+    load_run,
+    plan_commands,
+    replay_run,
     sched_stream,
 )
-from gyre_sched.live.replay import load_run, replay_run
-from gyre_sched.sim.presets import WORKLOADS
-from gyre_sched.sim.simulator import SimCluster
-from gyre_sched.sim.training import (
+from gyre_sched.sim import (
+    WORKLOADS,
     BroadcastDone,
     EventQueue,
     MicrostepDone,
     PublishDone,
     ReadyPool,
+    SimCluster,
     Trainer,
     UpdateDone,
 )
@@ -59,7 +63,7 @@ from gyre_store import (
     lifecycle_projections,
 )
 from gyre_store.catalog import run as catalog
-from gyre_store.log.interface import EventLog
+from gyre_store.log import EventLog
 from tests.unit.sched.helpers import small_cluster, tiny
 
 RUN = "run-1"

@@ -12,6 +12,7 @@ from gyre_sched import (
     ClockTick,
     CoreAtBurstEnd,
     Decision,
+    DecisionCore,
     Direction,
     DispatchGroups,
     ExecutionFinished,
@@ -22,12 +23,11 @@ from gyre_sched import (
     RequestTick,
     Reroute,
     RunStarted,
-    SchedulerCore,
     StartExecutions,
     TransitionDone,
     WeightsPublished,
 )
-from gyre_sched.decision.policy import CellRole
+from gyre_sched.decision import CellRole
 from tests.unit.sched.helpers import tiny
 
 
@@ -35,8 +35,8 @@ def _of(decisions: tuple[Decision, ...], kind: type) -> list:  # type: ignore[ty
     return [d for d in decisions if isinstance(d, kind)]
 
 
-def _started_core(**changes: object) -> tuple[SchedulerCore, tuple[Decision, ...]]:
-    core = SchedulerCore(tiny(**changes))
+def _started_core(**changes: object) -> tuple[DecisionCore, tuple[Decision, ...]]:
+    core = DecisionCore(tiny(**changes))
     return core, core.handle(RunStarted(0.0))
 
 
@@ -61,7 +61,7 @@ def test_starts_are_capped_by_capacity() -> None:
     assert [(p.execution, p.engine) for p in start.placements] == [(32, 3)]
 
 
-def _core_ready_to_join() -> SchedulerCore:
+def _core_ready_to_join() -> DecisionCore:
     core, _ = _started_core(phi=1.5, mu=2)
     core.handle(BatchStarted(0.0, 0))
     for execution in range(4):  # groups 0 and 1, on cell 3
@@ -161,7 +161,7 @@ def test_core_returns_without_ready_supply() -> None:
 
 
 def test_reroute_prefers_the_pool() -> None:
-    core = SchedulerCore(tiny(pool_capacity=8, phi=1.5, mu=2))  # 28 executions: pool 8, cells 3, 2 full, 1: 4
+    core = DecisionCore(tiny(pool_capacity=8, phi=1.5, mu=2))  # 28 executions: pool 8, cells 3, 2 full, 1: 4
     core.handle(RunStarted(0.0))
     core.handle(BatchStarted(0.0, 0))
     for execution in range(4):  # frees 4 slots in the pool
@@ -184,7 +184,7 @@ def test_reroute_prefers_the_pool() -> None:
 
 
 def test_async_never_moves_cells() -> None:
-    core = SchedulerCore(tiny(PolicyKind.ASYNC))
+    core = DecisionCore(tiny(PolicyKind.ASYNC))
     assert core.state().roles == (CellRole.TRAIN, CellRole.TRAIN)
     out = core.handle(RunStarted(0.0))
     (start,) = _of(out, StartExecutions)
@@ -196,7 +196,7 @@ def test_async_never_moves_cells() -> None:
 
 
 def test_colocate_waits_until_the_pool_alone_holds_the_waterlevel() -> None:
-    core = SchedulerCore(tiny(PolicyKind.COLOCATE, pool_capacity=4, phi=0.0, mu=1))  # 8 executions
+    core = DecisionCore(tiny(PolicyKind.COLOCATE, pool_capacity=4, phi=0.0, mu=1))  # 8 executions
     core.handle(RunStarted(0.0))
     core.handle(BatchStarted(0.0, 0))
     for execution in range(2):
@@ -222,7 +222,7 @@ def test_colocate_waits_until_the_pool_alone_holds_the_waterlevel() -> None:
     ],
 )
 def test_contradictory_inputs_are_refused(inputs: list, words: str) -> None:  # type: ignore[type-arg]
-    core = SchedulerCore(tiny())
+    core = DecisionCore(tiny())
     with pytest.raises(InputOrderError, match=words):
         for event in inputs:
             core.handle(event)

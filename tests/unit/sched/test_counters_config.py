@@ -20,7 +20,7 @@ from gyre_sched import (
     dispatch_params,
     mean_staleness,
 )
-from gyre_sched.sim.cluster import ClusterConfig
+from gyre_sched.sim import ClusterConfig
 from tests.unit.sched.helpers import tiny
 
 

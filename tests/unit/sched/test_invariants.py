@@ -25,7 +25,7 @@ from gyre_sched import (
     get_preset,
     simulate,
 )
-from gyre_sched.sim.presets import WORKLOADS
+from gyre_sched.sim import WORKLOADS
 from tests.unit.sched.helpers import small_cluster, tiny
 
 

@@ -16,23 +16,25 @@ from gyre_sched import (
     GroupClaimed,
     GroupReady,
     Input,
+    NoRecordedRunError,
     Outcome,
     StartExecutions,
+    StoreMappingError,
     TransitionDone,
     WeightsPublished,
 )
-from gyre_sched.live.events import (
+from gyre_sched.live import (
+    DiffKind,
     SchedDecision,
-    StoreMappingError,
     engine_name,
     engine_number,
     execution_id,
     fact_event,
     input_of,
+    replay_run,
 )
-from gyre_sched.live.replay import DiffKind, NoRecordedRunError, replay_run
 from gyre_store import Event, ExecutionStarted, InMemoryEventLog, NewEvent, RecordedEvent
-from gyre_store.log.interface import EventLog
+from gyre_store.log import EventLog
 from tests.unit.sched.helpers import tiny
 from tests.unit.sched.test_controller import RUN, Driven, drive
 

@@ -13,8 +13,7 @@ from gyre_sched import (
     get_preset,
     simulate,
 )
-from gyre_sched.sim.presets import ABLATION, SPEEDUP, WORKLOADS, with_policy
-from gyre_sched.sim.tables import ablation_table
+from gyre_sched.sim import ABLATION, SPEEDUP, WORKLOADS, ablation_table, with_policy
 from tests.unit.sched.helpers import small_cluster, tiny
 
 SETTINGS = [

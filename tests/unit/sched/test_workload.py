@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gyre_sched import Outcome, WorkloadFileError, load_workload, parse_workload, workload_stats
-from gyre_sched.sim.presets import WORKLOADS
+from gyre_sched.sim import WORKLOADS
 
 
 def test_122b_profile_is_near_the_paper() -> None:

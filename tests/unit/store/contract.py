@@ -31,7 +31,7 @@ from gyre_store import (
     iterate,
     subscribe,
 )
-from gyre_store.log.events import Event, RecordedEvent
+from gyre_store.log import Event, RecordedEvent
 
 
 def dispatched(eid: str, run: str = "r1", group: str = "g1") -> ExecutionDispatched:

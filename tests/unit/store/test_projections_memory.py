@@ -22,8 +22,8 @@ from gyre_store import (
     lifecycle_projections,
     rebuild,
 )
-from gyre_store.catalog.run import ExecutionDispatched, ExecutionStarted
-from gyre_store.db import schema as tables
+from gyre_store import schema as tables
+from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
 from tests.unit.store.lifecycle_strategy import lifecycle_events
 
 

@@ -8,17 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, MalformedEvent, catch_up, rebuild
-from gyre_store.catalog.tito import (
-    AgentKind,
-    CallFinish,
-    CallPurpose,
-    ModelCallRecorded,
-    Provenance,
-    TitoArrays,
-)
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.recorder import TrajectoryRecorder
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import AgentKind, CallFinish, CallPurpose, ModelCallRecorded, Provenance, TitoArrays
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 
 
 def arrays(

@@ -25,8 +25,7 @@ from gyre_store import (
     catch_up,
     evaluation_projections,
 )
-from gyre_store.trees.projection import TreeProjection
-from gyre_store.trees.recorder import TrajectoryRecorder
+from gyre_store.trees import TrajectoryRecorder, TreeProjection
 
 SMALL = TraceConfig(
     seed=5,

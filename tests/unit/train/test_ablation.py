@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gyre_store import InMemoryEventLog
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TreeView
 from gyre_train import (
     AblationSetting,
     AdmissionConfig,

@@ -16,7 +16,7 @@ from gyre_store import (
     new_outcome,
     rebuild,
 )
-from gyre_store.trees.view import TreeView
+from gyre_store.trees import TreeView
 from gyre_train import (
     AdmissionConfig,
     AdvantageConfig,

@@ -9,14 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_train import (
-    InvalidConfigError,
-    InvalidLossInputError,
+from gyre_train import InvalidConfigError, InvalidLossInputError, execution_coefficient
+from gyre_train.objective.loss import (
     LossConfig,
     LossCounters,
     SequenceRatioAccumulator,
     clip_executions,
-    execution_coefficient,
     log_ratio_sums,
     step_log,
     token_loss,

@@ -13,17 +13,15 @@ from gyre_train import (
     GroupTicket,
     InvalidConfigError,
     InvalidRowsError,
-    LossConfig,
     MicroStep,
     PackingConfig,
     ReadyGroup,
     RowTooLongError,
-    SequenceRatioAccumulator,
     UnknownGroupError,
-    accumulate_sequence_ratios,
-    micro_step_loss,
     select_oldest,
 )
+from gyre_train.objective.loss import LossConfig, SequenceRatioAccumulator
+from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
 from gyre_train.trajectories.testing import InMemoryGroupSource, synthetic_group
 
 N = 4

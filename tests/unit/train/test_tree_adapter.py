@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from gyre_store import InMemoryEventLog
-from gyre_store.catalog.tito import ModelCallRecorded, Provenance, TitoArrays, new_record
-from gyre_store.trees.view import TreeView
+from gyre_store.catalog import ModelCallRecorded, Provenance, TitoArrays, new_record
+from gyre_store.trees import TreeView
 from gyre_train import AdmissionConfig, LeafClass, admission_rng, admit, materialize_rows, stored_execution
 from tests.unit.train.runs import catch_all, memory_store, record_trace
 
