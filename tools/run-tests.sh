@@ -35,6 +35,7 @@ fi
 
 echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy" && .venv/bin/mypy
+echo "== import-linter" && .venv/bin/lint-imports
 echo "== pytest"
 set +e
 .venv/bin/pytest "$@"

@@ -37,7 +37,7 @@ from gyre_sched.live.events import (
     sched_stream,
 )
 from gyre_store import iterate
-from gyre_store.catalog import run as catalog
+from gyre_store import catalog
 from gyre_store.log import EventLog
 
 

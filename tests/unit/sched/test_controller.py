@@ -62,7 +62,7 @@ from gyre_store import (
     catch_up,
     lifecycle_projections,
 )
-from gyre_store.catalog import run as catalog
+from gyre_store import catalog
 from gyre_store.log import EventLog
 from tests.unit.sched.helpers import small_cluster, tiny
 
