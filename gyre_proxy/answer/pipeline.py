@@ -21,12 +21,18 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_proxy.answer.output_parser import OutputParser, stop_reason_for
-from gyre_proxy.api.errors import ContextTooLong, Overloaded
 from gyre_proxy.chat.answerer import ExecutionAuth, MessageDone, MessageStart, StreamEvent
 from gyre_proxy.chat.messages import Block, ChatRequest, ChatResponse, Message, Role
 from gyre_proxy.engines.tokenizer import IncrementalText
 from gyre_proxy.engines.types import FinishKind, SamplingConfig
-from gyre_proxy.exceptions import ContextLengthExceeded, EngineBadRequest, EngineError, EngineUnavailable
+from gyre_proxy.exceptions import (
+    ContextLengthExceeded,
+    ContextTooLong,
+    EngineBadRequest,
+    EngineError,
+    EngineUnavailable,
+    Overloaded,
+)
 from gyre_proxy.ingest.incremental import Match
 from gyre_proxy.ingest.ingestor import Ingestor, Prepared, continuation
 from gyre_proxy.service.routing import RoutedEngine, Router

@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gyre_proxy.api.errors import (
-    ApiError,
-    InvalidRequest,
-    anthropic_error_body,
-    as_api_error,
-    authenticate,
-    error_headers,
-    read_body,
-)
+from gyre_proxy.api.adapter import JSON, ApiSettings, authenticate, read_json
+from gyre_proxy.api.errors import anthropic_error_body, anthropic_error_response
 from gyre_proxy.api.sse import (
     SSE_HEADERS,
     SSEResponse,
@@ -58,11 +51,8 @@ from gyre_proxy.chat.messages import (
     ToolSpec,
     ToolUseBlock,
 )
+from gyre_proxy.exceptions import ApiError, InvalidRequest
 
-if TYPE_CHECKING:
-    from gyre_proxy.api.app import ApiSettings
-
-JSON = "application/json"
 SYSTEM_SEPARATOR = "\n\n"  # between system blocks and folded role:"system" messages
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 
@@ -132,17 +122,7 @@ class MessagesBody(msgspec.Struct):
     stream: bool = False
 
 
-_decoder = msgspec.json.Decoder(MessagesBody)
-
-
-def decode_body(raw: bytes) -> MessagesBody:
-    """The typed request, or ``InvalidRequest`` naming the offending field."""
-    try:
-        return _decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from exc
+MESSAGES_DECODER = msgspec.json.Decoder(MessagesBody)
 
 
 def _result_text(content: str | list[_Text | _Image]) -> str:
@@ -389,16 +369,6 @@ def error_event(err: ApiError) -> bytes:
     return named_event("error", anthropic_error_body(err))
 
 
-def error_response(exc: BaseException) -> Response:
-    err = as_api_error(exc)
-    return Response(
-        anthropic_error_body(err),
-        status_code=err.anthropic_status,
-        headers=error_headers(err),
-        media_type=JSON,
-    )
-
-
 # -- the routes ---------------------------------------------------------------------------------
 
 
@@ -406,9 +376,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
     """``/v1/messages`` and ``/v1/messages/count_tokens`` over ``core``."""
 
     async def parse(request: Request, *, require_max_tokens: bool) -> tuple[MessagesBody, ChatRequest]:
-        raw = await read_body(request, settings.max_body_bytes)
-        request.state.raw_body = raw
-        body = decode_body(raw)
+        body = await read_json(request, MESSAGES_DECODER, settings)
         chat = to_chat_request(body, require_max_tokens=require_max_tokens)
         request.state.chat_request = chat
         return body, chat
@@ -424,7 +392,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
                 return Response(msgspec.json.encode(answer), media_type=JSON)
             pump, first = await open_stream(core.stream(execution, chat), settings.stream_start_timeout_s)
         except Exception as exc:
-            return error_response(exc)
+            return anthropic_error_response(exc)
         framing = StreamFraming[StreamEvent](
             opening=lambda first: (
                 encoder.start(first.input_tokens if isinstance(first, MessageStart) else 0),
@@ -443,7 +411,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
             _, chat = await parse(request, require_max_tokens=False)
             count = await core.count_tokens(execution, chat)
         except Exception as exc:
-            return error_response(exc)
+            return anthropic_error_response(exc)
         return Response(msgspec.json.encode({"input_tokens": count}), media_type=JSON)
 
     return [

@@ -18,7 +18,8 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gyre_proxy.api.errors import ApiError, as_api_error
+from gyre_proxy.api.errors import as_api_error
+from gyre_proxy.exceptions import ApiError
 
 T = TypeVar("T")
 

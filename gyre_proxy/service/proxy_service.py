@@ -14,7 +14,7 @@ from types import TracebackType
 from starlette.applications import Starlette
 
 from gyre_proxy.answer.pipeline import GyreProxyCore
-from gyre_proxy.api.app import ProxyServer, build_app
+from gyre_proxy.api.app import build_app, proxy_server
 from gyre_proxy.engines.client import EngineClient, EngineClientConfig
 from gyre_proxy.engines.tokenizer import qwen_tokenizer
 from gyre_proxy.ingest.chat_template import Qwen3Template
@@ -63,7 +63,7 @@ class ProxyService:
         self.app: Starlette = build_app(
             self.core, self.keys, model_name=config.model_name, on_shutdown=self._close_clients
         )
-        self.server = ProxyServer(self.app, host=config.host, port=config.port)
+        self.server = proxy_server(self.app, host=config.host, port=config.port)
 
     async def _close_clients(self) -> None:
         for _, client in self.clients:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig, RequestRejected
+from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig
 from gyre_proxy.engines.refengine.model import (
     DEFAULT_MODEL_CONFIG,
     LoadedModel,
@@ -10,10 +10,12 @@ from gyre_proxy.engines.refengine.model import (
     load_model,
     save_model_dir,
 )
-from gyre_proxy.engines.refengine.runner import ReferenceEngineServer, free_port, serve
+from gyre_proxy.engines.refengine.runner import ReferenceEngineServer, serve
 from gyre_proxy.engines.refengine.scripted import ScriptedPolicy, ScriptEntry, ScriptRule
 from gyre_proxy.engines.refengine.server import build_app
 from gyre_proxy.engines.refengine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from gyre_proxy.exceptions import RequestRejected
+from gyre_proxy.hosting import free_port
 
 __all__ = [
     "DEFAULT_MODEL_CONFIG",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from gyre_proxy.api.app import KEEP_ALIVE_S, ProxyServer, build_app
+from gyre_proxy.api.app import KEEP_ALIVE_S, build_app, proxy_server
 from tests.unit.proxy.test_api_fakes import FakeCore, StaticKeys, text_reply
 
 REQUEST = b"GET /health HTTP/1.1\r\nhost: proxy\r\nconnection: keep-alive\r\n\r\n"
@@ -27,7 +27,10 @@ def test_an_idle_connection_is_kept_longer_than_clients_keep_theirs() -> None:
     # closes at the same moment loses requests sent in between.
     assert KEEP_ALIVE_S > 5
     app = build_app(FakeCore([text_reply("hi")]), StaticKeys(), model_name="m")
-    with ProxyServer(app) as server, socket.create_connection((server.host, server.port), timeout=10) as sock:
+    with (
+        proxy_server(app) as server,
+        socket.create_connection((server.host, server.port), timeout=10) as sock,
+    ):
         assert exchange(sock).startswith(b"HTTP/1.1 200")
         time.sleep(5.5)  # past uvicorn's default keep-alive of 5 s
         assert exchange(sock).startswith(b"HTTP/1.1 200")

@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gyre_proxy.api.app import ProxyServer, build_app
-from gyre_proxy.api.errors import ContextTooLong, Overloaded, RateLimited
+from gyre_proxy.api.app import build_app, proxy_server
 from gyre_proxy.chat.answerer import BlockKind, BlockStart, TextDelta
 from gyre_proxy.chat.messages import (
     ChatResponse,
@@ -26,6 +25,7 @@ from gyre_proxy.chat.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from gyre_proxy.exceptions import ContextTooLong, Overloaded, RateLimited
 from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, Scripted, StaticKeys, text_reply, tool_reply
 
 MODEL = "qwen3-served"
@@ -37,7 +37,7 @@ TOOLS = [
 @contextmanager
 def serving(core: FakeCore, **settings: float) -> Iterator[str]:
     app = build_app(core, StaticKeys(), model_name=MODEL, **settings)  # type: ignore[arg-type]
-    with ProxyServer(app) as server:
+    with proxy_server(app) as server:
         yield server.base_url
 
 

@@ -8,15 +8,15 @@ from typing import Any
 import httpx
 import pytest
 
+from gyre_proxy.api.adapter import decode_body
 from gyre_proxy.api.anthropic import (
     IMAGE_PLACEHOLDER,
+    MESSAGES_DECODER,
     StreamEncoder,
-    decode_body,
     thinking_signature,
     to_chat_request,
 )
 from gyre_proxy.api.app import build_app
-from gyre_proxy.api.errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
 from gyre_proxy.chat.answerer import BlockKind, BlockStart, BlockStop, MessageDone, TextDelta, ThinkingDelta
 from gyre_proxy.chat.messages import (
     ChatRequest,
@@ -28,7 +28,7 @@ from gyre_proxy.chat.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gyre_proxy.exceptions import EngineNotAccepting
+from gyre_proxy.exceptions import ContextTooLong, EngineNotAccepting, InvalidRequest, Overloaded, RateLimited
 from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, Scripted, StaticKeys, text_reply
 
 pytestmark = pytest.mark.anyio
@@ -47,7 +47,7 @@ def body(**overrides: Any) -> dict[str, Any]:
 
 def parse(raw: dict[str, Any] | bytes, *, require_max_tokens: bool = True) -> ChatRequest:
     data = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
-    return to_chat_request(decode_body(data), require_max_tokens=require_max_tokens)
+    return to_chat_request(decode_body(data, MESSAGES_DECODER), require_max_tokens=require_max_tokens)
 
 
 def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gyre_proxy.api.adapter import decode_body
 from gyre_proxy.api.app import build_app
-from gyre_proxy.api.errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
-from gyre_proxy.api.openai_chat import decode_body, to_chat_request
+from gyre_proxy.api.openai_chat import COMPLETIONS_DECODER, to_chat_request
 from gyre_proxy.chat.messages import (
     ChatResponse,
     Role,
@@ -20,6 +20,7 @@ from gyre_proxy.chat.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from gyre_proxy.exceptions import ContextTooLong, InvalidRequest, Overloaded, RateLimited
 from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, StaticKeys, text_reply
 
 pytestmark = pytest.mark.anyio
@@ -93,7 +94,8 @@ def test_roles_tool_messages_and_options_are_translated() -> None:
                         {"role": "user", "content": "next"},
                     ],
                 )
-            ).encode()
+            ).encode(),
+            COMPLETIONS_DECODER,
         )
     )
     assert chat.system == "sys\n\ndev" and chat.max_tokens == 64 and chat.temperature == 1.5
@@ -121,7 +123,7 @@ def test_roles_tool_messages_and_options_are_translated() -> None:
 )
 def test_invalid_requests_are_refused(payload: dict[str, Any], fragment: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        to_chat_request(decode_body(json.dumps(payload).encode()))
+        to_chat_request(decode_body(json.dumps(payload).encode(), COMPLETIONS_DECODER))
     assert fragment in str(caught.value)
 
 

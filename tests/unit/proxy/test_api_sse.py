@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from gyre_proxy.api.errors import Overloaded
 from gyre_proxy.api.sse import (
     SSE_HEADERS,
     EventPump,
@@ -20,6 +19,7 @@ from gyre_proxy.api.sse import (
     named_event,
     open_stream,
 )
+from gyre_proxy.exceptions import Overloaded
 
 pytestmark = pytest.mark.anyio
 
