@@ -1,9 +1,9 @@
-"""The proxy core: a harness's model call in, the policy's answer out, a TITO record kept.
+"""The answer pipeline: a harness's model call in, the policy's answer out, a TITO record kept.
 
 For each call: match and encode the request against the execution's tree (only new
 messages are tokenized), route it to the execution's engine, stream the sampled tokens
 through the output parser to the harness, and stage the record for the spool. When the
-engine stops accepting, fails or aborts the request mid-answer, the core records the
+engine stops accepting, fails or aborts the request mid-answer, the pipeline records the
 interrupted attempt and continues the same answer on another engine from the tokens the
 harness already has, so the harness sees one uninterrupted response.
 """
@@ -51,8 +51,8 @@ class _Sequences:
     by_request: OrderedDict[str, npt.NDArray[np.int32]] = field(default_factory=OrderedDict)
 
 
-class GyreProxyCore:
-    """A :class:`~gyre_proxy.chat.answerer.ProxyCore` over engines, the store and a spool."""
+class AnswerPipeline:
+    """A :class:`~gyre_proxy.chat.answerer.Answerer` over engines, the store and a spool."""
 
     def __init__(
         self,
@@ -156,7 +156,7 @@ class GyreProxyCore:
         prefix = self._prefix_tokens(prepared.execution_id, enc.prefix.request_id)[: enc.prefix_len]
         return np.concatenate([prefix, enc.new_ids])
 
-    # -- the ProxyCore protocol --------------------------------------------------------------
+    # -- the Answerer protocol --------------------------------------------------------------
     async def count_tokens(self, execution: ExecutionAuth, request: ChatRequest) -> int:
         prepared = await asyncio.to_thread(
             self.ingestor.prepare, execution.execution_id, execution.run_id, request
@@ -389,4 +389,4 @@ async def _quiet_abort(routed: RoutedEngine, rid: str) -> None:
         return
 
 
-__all__ = ["GyreProxyCore", "stop_reason_for"]
+__all__ = ["AnswerPipeline", "stop_reason_for"]

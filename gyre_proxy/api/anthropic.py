@@ -1,6 +1,6 @@
 """The Anthropic Messages API: ``POST /v1/messages`` (streaming or not) and ``count_tokens``.
 
-Requests are validated strictly and translated into a ``ChatRequest``; the core's
+Requests are validated strictly and translated into a ``ChatRequest``; the answerer's
 ``ChatResponse`` or ``StreamEvent``s go back out as a message object or the full SSE event
 sequence. Fields the policy cannot honour (``cache_control``, ``output_config``,
 ``context_management``, ``metadata``, ``tool_choice``, ...) are accepted and ignored; the raw
@@ -28,13 +28,13 @@ from gyre_proxy.api.sse import (
     open_stream,
 )
 from gyre_proxy.chat.answerer import (
+    Answerer,
     BlockKind,
     BlockStart,
     BlockStop,
     KeyResolver,
     MessageDone,
     MessageStart,
-    ProxyCore,
     StreamEvent,
     TextDelta,
     ThinkingDelta,
@@ -293,7 +293,7 @@ PING = _sse({"type": "ping"})
 
 
 class StreamEncoder:
-    """Turns the core's ``StreamEvent``s into Anthropic SSE events, in Anthropic's order.
+    """Turns the answerer's ``StreamEvent``s into Anthropic SSE events, in Anthropic's order.
 
     Block indices are renumbered from 0 in order of appearance, open blocks are closed before
     ``message_delta``, and a thinking block gets its ``signature_delta`` just before its stop.
@@ -303,7 +303,7 @@ class StreamEncoder:
         self.message_id = message_id
         self.model = model
         self.done = False
-        self._wire: dict[int, int] = {}  # core index -> wire index
+        self._wire: dict[int, int] = {}  # answerer's index -> wire index
         self._open: dict[int, BlockKind] = {}  # wire index -> kind, while open
         self._thinking: dict[int, list[str]] = {}
 
@@ -372,8 +372,8 @@ def error_event(err: ApiError) -> bytes:
 # -- the routes ---------------------------------------------------------------------------------
 
 
-def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
-    """``/v1/messages`` and ``/v1/messages/count_tokens`` over ``core``."""
+def routes(answerer: Answerer, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
+    """``/v1/messages`` and ``/v1/messages/count_tokens`` over ``answerer``."""
 
     async def parse(request: Request, *, require_max_tokens: bool) -> tuple[MessagesBody, ChatRequest]:
         body = await read_json(request, MESSAGES_DECODER, settings)
@@ -387,10 +387,10 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
             body, chat = await parse(request, require_max_tokens=True)
             encoder = StreamEncoder(message_id=new_message_id(), model=body.model)
             if not body.stream:
-                response = await core.complete(execution, chat)
+                response = await answerer.complete(execution, chat)
                 answer = message_object(response, message_id=encoder.message_id, model=body.model)
                 return Response(msgspec.json.encode(answer), media_type=JSON)
-            pump, first = await open_stream(core.stream(execution, chat), settings.stream_start_timeout_s)
+            pump, first = await open_stream(answerer.stream(execution, chat), settings.stream_start_timeout_s)
         except Exception as exc:
             return anthropic_error_response(exc)
         framing = StreamFraming[StreamEvent](
@@ -409,7 +409,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
         try:
             execution = await authenticate(request, keys)
             _, chat = await parse(request, require_max_tokens=False)
-            count = await core.count_tokens(execution, chat)
+            count = await answerer.count_tokens(execution, chat)
         except Exception as exc:
             return anthropic_error_response(exc)
         return Response(msgspec.json.encode({"input_tokens": count}), media_type=JSON)

@@ -1,8 +1,8 @@
-"""The proxy's harness-facing HTTP app: both APIs over one ``ProxyCore``, and a test server.
+"""The proxy's harness-facing HTTP app: both APIs over one ``Answerer``, and a test server.
 
 ``build_app`` returns a plain Starlette app (run it under any ASGI server); ``proxy_server``
 serves one on a background uvicorn thread as a context manager, for tests and demos. Routing
-to engines, recording and the rest of the proxy's work live behind the core, not here.
+to engines, recording and the rest of the proxy's work live behind the answerer, not here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gyre_proxy.api import anthropic as anthropic_api
 from gyre_proxy.api import openai_chat as openai_api
 from gyre_proxy.api.adapter import DEFAULT_MAX_BODY_BYTES, ApiSettings
 from gyre_proxy.api.errors import anthropic_error_response, openai_error_response
-from gyre_proxy.chat.answerer import KeyResolver, ProxyCore
+from gyre_proxy.chat.answerer import Answerer, KeyResolver
 from gyre_proxy.exceptions import ApiError, NotFound
 from gyre_proxy.hosting import ServerThread
 
@@ -32,7 +32,7 @@ KEEP_ALIVE_S = 75
 
 
 def build_app(
-    core: ProxyCore,
+    answerer: Answerer,
     keys: KeyResolver,
     *,
     model_name: str,
@@ -41,7 +41,7 @@ def build_app(
     stream_start_timeout_s: float = 5.0,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> Starlette:
-    """The Starlette app serving the Anthropic and OpenAI APIs over ``core``, and ``/health``.
+    """The Starlette app serving the Anthropic and OpenAI APIs over ``answerer``, and ``/health``.
 
     ``on_shutdown`` runs on the server's event loop as it stops (engine clients opened on
     that loop must be closed there).
@@ -71,8 +71,8 @@ def build_app(
 
     return Starlette(
         routes=[
-            *anthropic_api.routes(core, keys, settings),
-            *openai_api.routes(core, keys, settings),
+            *anthropic_api.routes(answerer, keys, settings),
+            *openai_api.routes(answerer, keys, settings),
             Route("/health", health, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error},

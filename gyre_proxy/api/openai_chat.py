@@ -30,11 +30,11 @@ from gyre_proxy.api.sse import (
     open_stream,
 )
 from gyre_proxy.chat.answerer import (
+    Answerer,
     BlockKind,
     BlockStart,
     KeyResolver,
     MessageDone,
-    ProxyCore,
     StreamEvent,
     TextDelta,
     ThinkingDelta,
@@ -273,7 +273,7 @@ def completion_object(
 
 
 class ChunkEncoder:
-    """Turns the core's ``StreamEvent``s into ``chat.completion.chunk`` SSE events."""
+    """Turns the answerer's ``StreamEvent``s into ``chat.completion.chunk`` SSE events."""
 
     def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool) -> None:
         self._head = {
@@ -283,7 +283,7 @@ class ChunkEncoder:
             "model": model,
         }
         self._include_usage = include_usage
-        self._tool_index: dict[int, int] = {}  # core block index -> tool_calls index
+        self._tool_index: dict[int, int] = {}  # answerer's block index -> tool_calls index
         self._texts = 0
         self.done = False
 
@@ -334,8 +334,8 @@ class ChunkEncoder:
 # -- the routes ---------------------------------------------------------------------------------
 
 
-def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
-    """``/v1/chat/completions`` and ``/v1/models`` over ``core``."""
+def routes(answerer: Answerer, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
+    """``/v1/chat/completions`` and ``/v1/models`` over ``answerer``."""
 
     async def completions(request: Request) -> Response:
         try:
@@ -344,12 +344,12 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
             chat = request.state.chat_request = to_chat_request(body)
             completion_id, created = new_completion_id(), int(time.time())
             if not body.stream:
-                response = await core.complete(execution, chat)
+                response = await answerer.complete(execution, chat)
                 answer = completion_object(
                     response, completion_id=completion_id, model=body.model, created=created
                 )
                 return Response(msgspec.json.encode(answer), media_type=JSON)
-            pump, first = await open_stream(core.stream(execution, chat), settings.stream_start_timeout_s)
+            pump, first = await open_stream(answerer.stream(execution, chat), settings.stream_start_timeout_s)
         except Exception as exc:
             return openai_error_response(exc)
         include_usage = body.stream_options is not None and body.stream_options.include_usage

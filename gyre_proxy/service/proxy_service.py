@@ -13,7 +13,7 @@ from types import TracebackType
 
 from starlette.applications import Starlette
 
-from gyre_proxy.answer.pipeline import GyreProxyCore
+from gyre_proxy.answer.pipeline import AnswerPipeline
 from gyre_proxy.api.app import build_app, proxy_server
 from gyre_proxy.engines.client import EngineClient, EngineClientConfig
 from gyre_proxy.engines.tokenizer import qwen_tokenizer
@@ -58,10 +58,12 @@ class ProxyService:
         recorder = TrajectoryRecorder(log)
         self.spool = RecordSpool(recorder)
         self.ingestor = Ingestor(recorder, Qwen3Template(qwen_tokenizer()), _plugin(config.harness))
-        self.core = GyreProxyCore(self.ingestor, self.router, self.spool, context_limit=config.context_limit)
+        self.pipeline = AnswerPipeline(
+            self.ingestor, self.router, self.spool, context_limit=config.context_limit
+        )
         self.keys = StoreKeys(log)
         self.app: Starlette = build_app(
-            self.core, self.keys, model_name=config.model_name, on_shutdown=self._close_clients
+            self.pipeline, self.keys, model_name=config.model_name, on_shutdown=self._close_clients
         )
         self.server = proxy_server(self.app, host=config.host, port=config.port)
 
