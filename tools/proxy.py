@@ -11,8 +11,7 @@ from typing import Any
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 
-from gyre_proxy.service.keys import issue_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy import ProxyConfig, ProxyService, issue_key
 from gyre_store import subscribe
 
 

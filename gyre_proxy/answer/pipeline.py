@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_proxy.answer.machine import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
+from gyre_proxy.answer.routing import RoutedEngine, Router
 from gyre_proxy.chat.answerer import ExecutionAuth, MessageDone, MessageStart, StreamEvent
 from gyre_proxy.chat.messages import Block, ChatRequest, ChatResponse
 from gyre_proxy.engines.types import GenerateDelta
@@ -35,8 +36,7 @@ from gyre_proxy.exceptions import (
 )
 from gyre_proxy.ingest.incremental import Match
 from gyre_proxy.ingest.ingestor import Ingestor, Prepared
-from gyre_proxy.service.routing import RoutedEngine, Router
-from gyre_proxy.service.spool import RecordSpool
+from gyre_proxy.ingest.spool import RecordSpool
 from gyre_store.catalog.tito import ModelCallRecorded, TitoArrays
 from gyre_store.log.events import StreamId
 from gyre_store.trees.recorder import TrajectoryRecorder

@@ -1,4 +1,8 @@
-"""gyre's reference engine: a small PyTorch causal LM served with SGLang's native HTTP API."""
+"""gyre's reference engine: a small PyTorch causal LM served with SGLang's native HTTP API,
+the embedded default and the engine of the tests. It speaks only that API: the proxy
+reaches it through ``EngineClient`` as it would a real SGLang server. It needs torch, so
+``gyre_proxy.engines`` does not import it.
+"""
 
 from __future__ import annotations
 

@@ -9,13 +9,8 @@ import httpx
 import pytest
 
 from gyre_proxy.api.adapter import decode_body
-from gyre_proxy.api.anthropic import (
-    IMAGE_PLACEHOLDER,
-    MESSAGES_DECODER,
-    StreamEncoder,
-    thinking_signature,
-    to_chat_request,
-)
+from gyre_proxy.api.anthropic import IMAGE_PLACEHOLDER, MESSAGES_DECODER, to_chat_request
+from gyre_proxy.api.anthropic_answer import StreamEncoder, thinking_signature
 from gyre_proxy.api.app import build_app
 from gyre_proxy.chat.answerer import BlockKind, BlockStart, BlockStop, MessageDone, TextDelta, ThinkingDelta
 from gyre_proxy.chat.messages import (

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gyre_proxy.answer.pipeline import AnswerPipeline
+from gyre_proxy.answer.routing import Router
 from gyre_proxy.chat.answerer import ExecutionAuth
 from gyre_proxy.chat.messages import (
     ChatRequest,
@@ -26,8 +27,7 @@ from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.harnesses import GenericHarness
 from gyre_proxy.ingest.incremental import encode_request, match_request, output_hash
 from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.service.routing import Router
-from gyre_proxy.service.spool import RecordSpool
+from gyre_proxy.ingest.spool import RecordSpool
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog.tito import TitoArrays
 from gyre_store.log.events import StreamId
