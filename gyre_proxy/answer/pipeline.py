@@ -201,7 +201,7 @@ class AnswerPipeline:
             tokenizer=self.tok,
             stop_ids=self._stop_ids,
         )
-        clock = _Timing(time.time())
+        timing = _Timing(time.time())
         routed: RoutedEngine | None = None
         try:
             while not machine.completed:
@@ -215,7 +215,7 @@ class AnswerPipeline:
                         attempt.context.tolist(), attempt.sampling, rid=attempt.rid
                     )
                     async for delta in stream:
-                        clock.saw(delta)
+                        timing.saw(delta)
                         for step in machine.on_delta(delta):
                             if isinstance(step, StopEngine):
                                 await routed.engine.abort(step.rid)
@@ -235,7 +235,7 @@ class AnswerPipeline:
                     blocks_out.append(machine.blocks)
                 for outcome in ending:
                     if isinstance(outcome, Stage):
-                        self._stage(outcome, clock)
+                        self._stage(outcome, timing)
                     elif isinstance(outcome, Reroute):
                         self.rerouted += 1
                         self.router.mark_failed(outcome.engine, ex)
@@ -249,10 +249,10 @@ class AnswerPipeline:
                 if isinstance(cleanup, StopEngine):
                     await _quiet_abort(routed, cleanup.rid)
                 else:
-                    self._stage(cleanup, clock)
+                    self._stage(cleanup, timing)
             raise
 
-    def _stage(self, staged: Stage, clock: _Timing) -> None:
+    def _stage(self, staged: Stage, timing: _Timing) -> None:
         """Stage the attempt's record with its timings, and spool it."""
         record = self.ingestor.stage(
             staged.prepared,
@@ -265,9 +265,9 @@ class AnswerPipeline:
             engine=staged.engine,
             weight_versions=staged.weight_versions,
             retry_of=staged.retry_of,
-            started_at=clock.started,
-            first_token_s=clock.first_token_s,
-            duration_s=time.time() - clock.started,
+            started_at=timing.started,
+            first_token_s=timing.first_token_s,
+            duration_s=time.time() - timing.started,
         )
         # The attempt's full sequence is the input and every token up to its end: no lookup.
         self._remember(staged.prepared.execution_id, staged.request_id, staged.sequence)
