@@ -1,1 +1,76 @@
-"""gyre_proxy"""
+"""gyre_proxy: the proxy between a black-box harness and the policy's engines.
+
+A harness speaks the Anthropic or OpenAI API to ``build_app``'s HTTP app; an ``Answerer``
+(gyre's is ``AnswerPipeline``) tokenizes only what is new, routes the call to an engine,
+streams the answer back and records it as TITO; ``ProxyService`` runs all of it over an
+event log. The engine layer below is ``gyre_proxy.engines``, not exported here.
+"""
+
+from __future__ import annotations
+
+from gyre_proxy.answer import AnswerPipeline, Router
+from gyre_proxy.api import ApiSettings, build_app, proxy_server
+from gyre_proxy.chat import Answerer, ChatRequest, ChatResponse, ExecutionAuth, KeyResolver, StreamEvent
+from gyre_proxy.exceptions import (
+    ApiError,
+    ContextTooLong,
+    GyreProxyError,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    RateLimited,
+    RequestTooLarge,
+    ServerStartError,
+    Unauthorized,
+)
+from gyre_proxy.hosting import ServerThread, free_port
+from gyre_proxy.ingest import (
+    ClaudeCodeHarness,
+    GenericHarness,
+    HarnessPlugin,
+    Ingestor,
+    Qwen3Template,
+    RecordSpool,
+    TraceConfig,
+    TraceGenerator,
+)
+from gyre_proxy.service import ProxyConfig, ProxyService, StoreKeys, issue_key, revoke_key
+
+__all__ = [
+    "AnswerPipeline",
+    "Answerer",
+    "ApiError",
+    "ApiSettings",
+    "ChatRequest",
+    "ChatResponse",
+    "ClaudeCodeHarness",
+    "ContextTooLong",
+    "ExecutionAuth",
+    "GenericHarness",
+    "GyreProxyError",
+    "HarnessPlugin",
+    "Ingestor",
+    "InvalidRequest",
+    "KeyResolver",
+    "NotFound",
+    "Overloaded",
+    "ProxyConfig",
+    "ProxyService",
+    "Qwen3Template",
+    "RateLimited",
+    "RecordSpool",
+    "RequestTooLarge",
+    "Router",
+    "ServerStartError",
+    "ServerThread",
+    "StoreKeys",
+    "StreamEvent",
+    "TraceConfig",
+    "TraceGenerator",
+    "Unauthorized",
+    "build_app",
+    "free_port",
+    "issue_key",
+    "proxy_server",
+    "revoke_key",
+]

@@ -1,8 +1,9 @@
-"""Exceptions raised by ``gyre_proxy``.
+"""Exceptions raised by ``gyre_proxy``: one tree under :class:`GyreProxyError`.
 
-Every error leaving the package derives from :class:`GyreProxyError`. HTTP and transport
-failures are translated at the engine client (``raise ... from exc``), so callers never see
-``httpx`` types. The tree::
+HTTP and transport failures are translated where they happen (the engine client, the API
+adapters), so callers never see ``httpx`` or Starlette types. The ``ApiError`` branch is
+what a harness is answered with: each class carries its Anthropic and OpenAI status and
+error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. The tree::
 
     GyreProxyError
      ├── EngineError
@@ -14,12 +15,24 @@ failures are translated at the engine client (``raise ... from exc``), so caller
      │    ├── EngineServerError
      │    ├── EngineProtocolError
      │    └── WeightUpdateFailed
-     └── ReferenceEngineError
-          ├── ModelLoadError
-          └── ScriptError
+     ├── ReferenceEngineError
+     │    ├── ModelLoadError
+     │    ├── ScriptError
+     │    └── RequestRejected
+     ├── ServerStartError
+     └── ApiError                 500 api_error             / 500 server_error
+          ├── InvalidRequest      400 invalid_request_error (both)
+          │    └── ContextTooLong 400, OpenAI code context_length_exceeded
+          ├── Unauthorized        401 authentication_error  / invalid_api_key
+          ├── NotFound            404 not_found_error
+          ├── RequestTooLarge     413 request_too_large
+          ├── RateLimited         429 rate_limit_error      / rate_limit_exceeded
+          └── Overloaded          529 overloaded_error      / 503 server_error
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class GyreProxyError(Exception):
@@ -27,6 +40,9 @@ class GyreProxyError(Exception):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (type(self).__doc__ or type(self).__name__).strip())
+
+
+# -- engines -----------------------------------------------------------------------------------
 
 
 class EngineError(GyreProxyError):
@@ -75,3 +91,114 @@ class ModelLoadError(ReferenceEngineError):
 
 class ScriptError(ReferenceEngineError):
     """A scripted-policy file is malformed or does not fit the tokenizer."""
+
+
+class RequestRejected(ReferenceEngineError):
+    """The reference engine refused a request; ``status`` is the HTTP status it answers with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- HTTP servers -------------------------------------------------------------------------------
+
+
+class ServerStartError(GyreProxyError):
+    """An HTTP server (the proxy or the reference engine) did not start."""
+
+
+# -- answers to the harness ---------------------------------------------------------------------
+
+
+class ApiError(GyreProxyError):
+    """The server failed to answer the request."""
+
+    anthropic_status: ClassVar[int] = 500
+    anthropic_type: ClassVar[str] = "api_error"
+    openai_status: ClassVar[int] = 500
+    openai_type: ClassVar[str] = "server_error"
+    openai_code: ClassVar[str | None] = None
+
+    def __init__(
+        self, message: str | None = None, *, param: str | None = None, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = str(self)
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+
+class InvalidRequest(ApiError):
+    """The request is malformed."""
+
+    anthropic_status = 400
+    anthropic_type = "invalid_request_error"
+    openai_status = 400
+    openai_type = "invalid_request_error"
+
+
+class ContextTooLong(InvalidRequest):
+    """prompt is too long for the model's context window"""
+
+    openai_code = "context_length_exceeded"
+
+    def __init__(
+        self, message: str | None = None, *, input_tokens: int | None = None, limit: int | None = None
+    ) -> None:
+        # Claude Code starts its automatic compaction on a 400 whose message begins
+        # "prompt is too long", so that prefix is kept whatever the numbers are.
+        if message is None and input_tokens is not None and limit is not None:
+            message = f"prompt is too long: {input_tokens} tokens > {limit} maximum"
+        elif message is not None and not message.lower().startswith("prompt is too long"):
+            message = f"prompt is too long: {message}"
+        super().__init__(message, param="messages")
+
+
+class Unauthorized(ApiError):
+    """invalid x-api-key"""
+
+    anthropic_status = 401
+    anthropic_type = "authentication_error"
+    openai_status = 401
+    openai_type = "invalid_request_error"
+    openai_code = "invalid_api_key"
+
+
+class NotFound(ApiError):
+    """Not found."""
+
+    anthropic_status = 404
+    anthropic_type = "not_found_error"
+    openai_status = 404
+    openai_type = "invalid_request_error"
+
+
+class RequestTooLarge(ApiError):
+    """Request exceeds the maximum allowed number of bytes."""
+
+    anthropic_status = 413
+    anthropic_type = "request_too_large"
+    openai_status = 413
+    openai_type = "invalid_request_error"
+    openai_code = "request_too_large"
+
+
+class RateLimited(ApiError):
+    """Too many requests for this API key; retry later."""
+
+    anthropic_status = 429
+    anthropic_type = "rate_limit_error"
+    openai_status = 429
+    openai_type = "requests"
+    openai_code = "rate_limit_exceeded"
+
+
+class Overloaded(ApiError):
+    """Overloaded"""
+
+    anthropic_status = 529
+    anthropic_type = "overloaded_error"
+    openai_status = 503
+    openai_type = "server_error"
+    openai_code = "overloaded"

@@ -21,7 +21,7 @@ from gyre_store import Event, EventRegistry, ModelCallRecorded, NewEvent, Proven
 HEX64 = "0123456789abcdef" * 4
 
 
-def _value(t: mi.Type) -> Any:  # noqa: PLR0911 - one case per msgspec type kind
+def _value(t: mi.Type) -> Any:
     if isinstance(t, mi.IntType):
         low = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else 1)
         return low
@@ -46,7 +46,9 @@ def _value(t: mi.Type) -> Any:  # noqa: PLR0911 - one case per msgspec type kind
         return _value(next(x for x in t.types if not isinstance(x, mi.NoneType)))
     if isinstance(t, mi.StructType):
         if t.cls is SchedConfig:
-            return SchedConfig(cells=2, cell_capacity=4, group_size=2, batch_groups=2, phi=0.5, mu=1).validate()
+            return SchedConfig(
+                cells=2, cell_capacity=4, group_size=2, batch_groups=2, phi=0.5, mu=1
+            ).validate()
         return t.cls(**{f.name: _value(f.type) for f in t.fields})
     if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
         item = _value(t.item_type)

@@ -77,8 +77,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from gyre_proxy.engines import ReferenceEngineError
     from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, serve
-    from gyre_proxy.exceptions import ReferenceEngineError
 
     try:
         config_json = json.loads(args.model_config) if args.model_config else None

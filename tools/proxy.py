@@ -8,8 +8,7 @@ import json
 import threading
 from typing import Any
 
-from gyre_proxy.service.keys import issue_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy import ProxyConfig, ProxyService, issue_key
 from gyre_store import subscribe
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store

@@ -274,8 +274,8 @@ def stop_reason_for(
 ) -> tuple[StopReason, str | None]:
     """tool_use if a call parsed; else a matched stop sequence, max_tokens on length, end_turn.
 
-    An ABORT finish is reported as end_turn: the core retries aborted requests itself and
-    should not let one reach the parser.
+    An ABORT finish is reported as end_turn: the answer pipeline retries aborted requests
+    itself and should not let one reach the parser.
     """
     if has_tool_use:
         return StopReason.TOOL_USE, None

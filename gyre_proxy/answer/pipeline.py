@@ -1,11 +1,12 @@
-"""The proxy core: a harness's model call in, the policy's answer out, a TITO record kept.
+"""The answer pipeline: a harness's model call in, the policy's answer out, a TITO record kept.
 
 For each call: match and encode the request against the execution's tree (only new
-messages are tokenized), route it to the execution's engine, stream the sampled tokens
-through the output parser to the harness, and stage the record for the spool. When the
-engine stops accepting, fails or aborts the request mid-answer, the core records the
-interrupted attempt and continues the same answer on another engine from the tokens the
-harness already has, so the harness sees one uninterrupted response.
+messages are tokenized), route it to the execution's engine, stream the sampled tokens to
+the harness, and stage the record for the spool. What to send, when to stop, reroute or
+record is decided by an ``AnswerMachine`` (``answer/machine.py``); this module is its async
+shell: engines, routing, the spool, the clock. When an engine stops accepting, fails or
+aborts mid-answer, the same answer continues on another engine from the tokens the harness
+already has, so the harness sees one uninterrupted response.
 """
 
 from __future__ import annotations
@@ -20,22 +21,25 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gyre_proxy.answer.output_parser import OutputParser, stop_reason_for
-from gyre_proxy.api.errors import ContextTooLong, Overloaded
+from gyre_proxy.answer.machine import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
+from gyre_proxy.answer.routing import RoutedEngine, Router
 from gyre_proxy.chat.answerer import ExecutionAuth, MessageDone, MessageStart, StreamEvent
-from gyre_proxy.chat.messages import Block, ChatRequest, ChatResponse, Message, Role
-from gyre_proxy.engines.tokenizer import IncrementalText
-from gyre_proxy.engines.types import FinishKind, SamplingConfig
-from gyre_proxy.exceptions import ContextLengthExceeded, EngineBadRequest, EngineError, EngineUnavailable
+from gyre_proxy.chat.messages import Block, ChatRequest, ChatResponse
+from gyre_proxy.engines.types import GenerateDelta
+from gyre_proxy.exceptions import (
+    ContextLengthExceeded,
+    ContextTooLong,
+    EngineBadRequest,
+    EngineError,
+    EngineUnavailable,
+    Overloaded,
+)
 from gyre_proxy.ingest.incremental import Match
-from gyre_proxy.ingest.ingestor import Ingestor, Prepared, continuation
-from gyre_proxy.service.routing import RoutedEngine, Router
-from gyre_proxy.service.spool import RecordSpool
-from gyre_store.catalog import CallFinish, ModelCallRecorded, TitoArrays
+from gyre_proxy.ingest.ingestor import Ingestor, Prepared
+from gyre_proxy.ingest.spool import RecordSpool
+from gyre_store.catalog import ModelCallRecorded, TitoArrays
 from gyre_store.log import StreamId
 from gyre_store.trees import TrajectoryRecorder
-
-MAX_ATTEMPTS = 4
 
 
 @dataclass
@@ -45,8 +49,8 @@ class _Sequences:
     by_request: OrderedDict[str, npt.NDArray[np.int32]] = field(default_factory=OrderedDict)
 
 
-class GyreProxyCore:
-    """A :class:`~gyre_proxy.chat.answerer.ProxyCore` over engines, the store and a spool."""
+class AnswerPipeline:
+    """A :class:`~gyre_proxy.chat.answerer.Answerer` over engines, the store and a spool."""
 
     def __init__(
         self,
@@ -150,7 +154,7 @@ class GyreProxyCore:
         prefix = self._prefix_tokens(prepared.execution_id, enc.prefix.request_id)[: enc.prefix_len]
         return np.concatenate([prefix, enc.new_ids])
 
-    # -- the ProxyCore protocol --------------------------------------------------------------
+    # -- the Answerer protocol --------------------------------------------------------------
     async def count_tokens(self, execution: ExecutionAuth, request: ChatRequest) -> int:
         prepared = await asyncio.to_thread(
             self.ingestor.prepare, execution.execution_id, execution.run_id, request
@@ -178,6 +182,9 @@ class GyreProxyCore:
     async def _answer(
         self, execution: ExecutionAuth, request: ChatRequest, blocks_out: list[tuple[Block, ...]]
     ) -> AsyncIterator[StreamEvent]:
+        """The async shell around an ``AnswerMachine``: route each attempt, stream its deltas
+        through the machine, and carry out the machine's effects (events to the harness,
+        engine aborts, reroutes, records staged with their timings)."""
         ex = execution.execution_id
         self._touch(ex)
         prepared, input_ids = await self._prepare(execution, request)
@@ -186,201 +193,103 @@ class GyreProxyCore:
             raise ContextTooLong(input_tokens=n_in, limit=self.context_limit)
         yield MessageStart(n_in)
 
-        parser = OutputParser(thinking_open=False)
-        started = time.time()
-        first_token_s = 0.0
-        request_id = f"req-{uuid.uuid4().hex[:16]}"
-        attempt_prepared = prepared
-        retry_of: str | None = None
-        out_ids: list[int] = []  # every token the harness has received, across attempts
-        out_lp: list[float] = []
-        attempt_start = 0  # index into out_ids where the current attempt began
-        versions: list[tuple[int, int]] = []
-        decoded = IncrementalText(self.tok, skip=self._stop_ids)  # the output's visible text
-        sent = 0  # characters of it fed to the parser (the harness has them)
-        stop_hit: str | None = None
-        hold = max((len(s) for s in request.stop), default=1) - 1
-        finish = FinishKind.STOP
-        engine_name = ""
-        completed = False
-        current: tuple[RoutedEngine, str] | None = None
+        machine = AnswerMachine(
+            request,
+            prepared,
+            input_ids,
+            request_id=f"req-{uuid.uuid4().hex[:16]}",
+            tokenizer=self.tok,
+            stop_ids=self._stop_ids,
+        )
+        timing = _Timing(time.time())
+        routed: RoutedEngine | None = None
         try:
-            for attempt in range(MAX_ATTEMPTS):
+            while not machine.completed:
                 try:
                     routed = self.router.engine_for(ex)
                 except EngineUnavailable as exc:
                     raise Overloaded("no engine is accepting requests; retry later") from exc
-                engine_name = routed.name
-                remaining = request.max_tokens - len(out_ids)
-                sampling = SamplingConfig(
-                    max_new_tokens=max(1, remaining),
-                    temperature=request.temperature,
-                    top_p=request.top_p,
-                    stop_token_ids=self._stop_ids,
-                )
-                rid = f"{request_id}-a{attempt}"
-                current = (routed, rid)
-                context = (
-                    np.concatenate([input_ids, np.asarray(out_ids, dtype=np.int32)]) if out_ids else input_ids
-                )
-                interrupted = False
+                attempt = machine.start(routed.name)
                 try:
-                    async for delta in routed.engine.generate_stream(context.tolist(), sampling, rid=rid):
-                        if delta.weight_version is not None and (
-                            not versions or versions[-1][1] != _version(delta.weight_version)
-                        ):
-                            versions.append((len(out_ids), _version(delta.weight_version)))
-                        if delta.output_ids.shape[0]:
-                            if not first_token_s:
-                                first_token_s = time.time() - started
-                            new_ids = delta.output_ids.tolist()
-                            out_ids.extend(new_ids)
-                            out_lp.extend(delta.logprobs.tolist())
-                            # Only the new tokens are decoded: re-decoding the whole output on
-                            # every chunk made a long answer quadratic.
-                            text = decoded.add(new_ids)
-                            if len(text) > sent and not text.endswith("\ufffd"):
-                                hit = _find_stop(text, request.stop, sent)
-                                # Hold back what could be the start of a stop sequence, so the
-                                # harness never receives part of one.
-                                cut = hit[1] if hit is not None else max(sent, len(text) - hold)
-                                if hit is not None:
-                                    stop_hit = hit[0]
-                                for ev in parser.feed(text[sent:cut]):
-                                    yield ev
-                                sent = cut
-                                if stop_hit is not None:
-                                    await routed.engine.abort(rid)
-                                    break
-                        if delta.finish is not None:
-                            if delta.finish.kind == FinishKind.ABORT:
-                                interrupted = True  # aborted by the engine: a role transition
+                    stream = routed.engine.generate_stream(
+                        attempt.context.tolist(), attempt.sampling, rid=attempt.rid
+                    )
+                    async for delta in stream:
+                        timing.saw(delta)
+                        for step in machine.on_delta(delta):
+                            if isinstance(step, StopEngine):
+                                await routed.engine.abort(step.rid)
                             else:
-                                finish = delta.finish.kind
+                                yield step
+                        if machine.stop_sequence is not None:
+                            break
                 except EngineBadRequest as exc:
                     if isinstance(exc, ContextLengthExceeded):
                         raise ContextTooLong(input_tokens=n_in, limit=self.context_limit) from exc
                     raise
                 except EngineError:
                     # Unavailable, not accepting, broken stream: continue on another engine.
-                    interrupted = True
-                if stop_hit is not None or not interrupted:
-                    completed = True
-                    break
-                # Record what this attempt produced (the harness has it) and continue elsewhere.
-                self.rerouted += 1
-                attempt_id = rid
-                self._stage(
-                    attempt_prepared, attempt_id, input_ids, out_ids, out_lp, attempt_start, None,
-                    CallFinish.ABORT, delivered=True, engine=routed.name, versions=versions, retry_of=retry_of,
-                    started=started, first_token_s=first_token_s,
-                )  # fmt: skip
-                self.router.mark_failed(routed.name, ex)
-                attempt_prepared = continuation(prepared, attempt_id, len(out_ids))
-                retry_of = attempt_id
-                attempt_start = len(out_ids)
-            if not completed:
-                raise Overloaded("no engine could finish this request; retry later")
-            if stop_hit is None:
-                held = decoded.finish()[sent:]
-                if held:
-                    for ev in parser.feed(held):
-                        yield ev
-            events = parser.finish(
-                finish, input_tokens=n_in, output_tokens=len(out_ids), stop_sequence=stop_hit
-            )
-            blocks_out.append(parser.blocks)
-            assistant = Message(Role.ASSISTANT, parser.blocks)
-            self._stage(
-                attempt_prepared, request_id, input_ids, out_ids, out_lp, attempt_start, assistant,
-                CallFinish.LENGTH if finish == FinishKind.LENGTH else CallFinish.STOP, delivered=True,
-                engine=engine_name, versions=versions, retry_of=retry_of, started=started, first_token_s=first_token_s,
-            )  # fmt: skip
-            for ev in events:
-                yield ev
+                    machine.fail()
+                ending = machine.end_attempt()
+                if machine.completed:
+                    blocks_out.append(machine.blocks)
+                for outcome in ending:
+                    if isinstance(outcome, Stage):
+                        self._stage(outcome, timing)
+                    elif isinstance(outcome, Reroute):
+                        self.rerouted += 1
+                        self.router.mark_failed(outcome.engine, ex)
+                    elif isinstance(outcome, GiveUp):
+                        raise Overloaded("no engine could finish this request; retry later")
+                    else:
+                        yield outcome
         except (GeneratorExit, asyncio.CancelledError):
             # The harness went away mid-answer: stop the engine and keep what was sampled.
-            if not completed:
-                if current is not None:
-                    await _quiet_abort(*current)
-                self._stage(
-                    attempt_prepared, f"{request_id}-cut", input_ids, out_ids, out_lp, attempt_start, None,
-                    CallFinish.ABORT, delivered=False, engine=engine_name, versions=versions, retry_of=retry_of,
-                    started=started, first_token_s=first_token_s,
-                )  # fmt: skip
+            for cleanup in machine.cut():
+                if isinstance(cleanup, StopEngine):
+                    await _quiet_abort(routed, cleanup.rid)
+                else:
+                    self._stage(cleanup, timing)
             raise
 
-    def _stage(
-        self,
-        prepared: Prepared,
-        request_id: str,
-        input_ids: npt.NDArray[np.int32],
-        out_ids: list[int],
-        out_lp: list[float],
-        start: int,
-        assistant: Message | None,
-        finish: CallFinish,
-        *,
-        delivered: bool,
-        engine: str,
-        versions: list[tuple[int, int]],
-        retry_of: str | None,
-        started: float,
-        first_token_s: float,
-    ) -> None:
-        """Stage the record of the attempt that produced ``out_ids[start:]`` and spool it.
-
-        Weight-version spans are per record: offsets count from this attempt's first token,
-        and the version in force when it began comes first.
-        """
-        spans = [(0, v) for o, v in versions if o <= start][-1:] + [
-            (o - start, v) for o, v in versions if o > start
-        ]
+    def _stage(self, staged: Stage, timing: _Timing) -> None:
+        """Stage the attempt's record with its timings, and spool it."""
         record = self.ingestor.stage(
-            prepared,
-            request_id=request_id,
-            output_ids=np.asarray(out_ids[start:], dtype=np.int32),
-            output_logprobs=np.asarray(out_lp[start:], dtype=np.float32),
-            assistant=assistant,
-            finish=finish,
-            delivered=delivered,
-            engine=engine,
-            weight_versions=tuple(spans),
-            retry_of=retry_of,
-            started_at=started,
-            first_token_s=first_token_s,
-            duration_s=time.time() - started,
+            staged.prepared,
+            request_id=staged.request_id,
+            output_ids=staged.output_ids,
+            output_logprobs=staged.output_logprobs,
+            assistant=staged.assistant,
+            finish=staged.finish,
+            delivered=staged.delivered,
+            engine=staged.engine,
+            weight_versions=staged.weight_versions,
+            retry_of=staged.retry_of,
+            started_at=timing.started,
+            first_token_s=timing.first_token_s,
+            duration_s=time.time() - timing.started,
         )
         # The attempt's full sequence is the input and every token up to its end: no lookup.
-        self._remember(
-            prepared.execution_id,
-            request_id,
-            np.concatenate([input_ids, np.asarray(out_ids, dtype=np.int32)]),
-        )
+        self._remember(staged.prepared.execution_id, staged.request_id, staged.sequence)
         self.spool.submit(record)
 
 
-def _version(v: str) -> int:
-    try:
-        return int(v)
-    except ValueError:
-        return 0
+@dataclass
+class _Timing:
+    """When the answer started and how long its first token took (0 until one arrives)."""
+
+    started: float
+    first_token_s: float = 0.0
+
+    def saw(self, delta: GenerateDelta) -> None:
+        if not self.first_token_s and delta.output_ids.shape[0]:
+            self.first_token_s = time.time() - self.started
 
 
-def _find_stop(text: str, stops: tuple[str, ...], since: int) -> tuple[str, int] | None:
-    best: tuple[str, int] | None = None
-    for s in stops:
-        i = text.find(s, max(0, since - len(s)))
-        if i >= 0 and (best is None or i < best[1]):
-            best = (s, i)
-    return best
-
-
-async def _quiet_abort(routed: RoutedEngine, rid: str) -> None:
+async def _quiet_abort(routed: RoutedEngine | None, rid: str) -> None:
+    if routed is None:
+        return
     try:
         await routed.engine.abort(rid)
     except Exception:  # best effort: the engine may be gone already
         return
-
-
-__all__ = ["GyreProxyCore", "stop_reason_for"]

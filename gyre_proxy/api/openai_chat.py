@@ -11,21 +11,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gyre_proxy.api.errors import (
-    InvalidRequest,
-    as_api_error,
-    authenticate,
-    error_headers,
-    openai_error_body,
-    read_body,
-)
+from gyre_proxy.api.adapter import JSON, ApiSettings, authenticate, read_json
+from gyre_proxy.api.errors import openai_error_body, openai_error_response
 from gyre_proxy.api.sse import (
     COMMENT_PING,
     DATA_DONE,
@@ -36,11 +30,11 @@ from gyre_proxy.api.sse import (
     open_stream,
 )
 from gyre_proxy.chat.answerer import (
+    Answerer,
     BlockKind,
     BlockStart,
     KeyResolver,
     MessageDone,
-    ProxyCore,
     StreamEvent,
     TextDelta,
     ThinkingDelta,
@@ -59,11 +53,8 @@ from gyre_proxy.chat.messages import (
     ToolSpec,
     ToolUseBlock,
 )
+from gyre_proxy.exceptions import InvalidRequest
 
-if TYPE_CHECKING:
-    from gyre_proxy.api.app import ApiSettings
-
-JSON = "application/json"
 SYSTEM_SEPARATOR = "\n\n"
 TEXT_SEPARATOR = "\n\n"  # between text blocks that a tool call split, in the single content string
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
@@ -144,17 +135,7 @@ class CompletionsBody(msgspec.Struct):
     chat_template_kwargs: _TemplateOptions | None = None
 
 
-_decoder = msgspec.json.Decoder(CompletionsBody)
-
-
-def decode_body(raw: bytes) -> CompletionsBody:
-    """The typed request, or ``InvalidRequest`` naming the offending field."""
-    try:
-        return _decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from exc
+COMPLETIONS_DECODER = msgspec.json.Decoder(CompletionsBody)
 
 
 def _text(content: _Content) -> str:
@@ -292,7 +273,7 @@ def completion_object(
 
 
 class ChunkEncoder:
-    """Turns the core's ``StreamEvent``s into ``chat.completion.chunk`` SSE events."""
+    """Turns the answerer's ``StreamEvent``s into ``chat.completion.chunk`` SSE events."""
 
     def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool) -> None:
         self._head = {
@@ -302,7 +283,7 @@ class ChunkEncoder:
             "model": model,
         }
         self._include_usage = include_usage
-        self._tool_index: dict[int, int] = {}  # core block index -> tool_calls index
+        self._tool_index: dict[int, int] = {}  # answerer's block index -> tool_calls index
         self._texts = 0
         self.done = False
 
@@ -350,36 +331,27 @@ class ChunkEncoder:
         return []
 
 
-def error_response(exc: BaseException) -> Response:
-    err = as_api_error(exc)
-    return Response(
-        openai_error_body(err), status_code=err.openai_status, headers=error_headers(err), media_type=JSON
-    )
-
-
 # -- the routes ---------------------------------------------------------------------------------
 
 
-def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
-    """``/v1/chat/completions`` and ``/v1/models`` over ``core``."""
+def routes(answerer: Answerer, keys: KeyResolver, settings: ApiSettings) -> list[Route]:
+    """``/v1/chat/completions`` and ``/v1/models`` over ``answerer``."""
 
     async def completions(request: Request) -> Response:
         try:
             execution = await authenticate(request, keys)
-            raw = await read_body(request, settings.max_body_bytes)
-            request.state.raw_body = raw
-            body = decode_body(raw)
+            body = await read_json(request, COMPLETIONS_DECODER, settings)
             chat = request.state.chat_request = to_chat_request(body)
             completion_id, created = new_completion_id(), int(time.time())
             if not body.stream:
-                response = await core.complete(execution, chat)
+                response = await answerer.complete(execution, chat)
                 answer = completion_object(
                     response, completion_id=completion_id, model=body.model, created=created
                 )
                 return Response(msgspec.json.encode(answer), media_type=JSON)
-            pump, first = await open_stream(core.stream(execution, chat), settings.stream_start_timeout_s)
+            pump, first = await open_stream(answerer.stream(execution, chat), settings.stream_start_timeout_s)
         except Exception as exc:
-            return error_response(exc)
+            return openai_error_response(exc)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         encoder = ChunkEncoder(
             completion_id=completion_id, model=body.model, created=created, include_usage=include_usage
@@ -397,7 +369,7 @@ def routes(core: ProxyCore, keys: KeyResolver, settings: ApiSettings) -> list[Ro
         try:
             await authenticate(request, keys)
         except Exception as exc:
-            return error_response(exc)
+            return openai_error_response(exc)
         if "anthropic-version" in request.headers:  # the Anthropic SDK's models.list()
             entry = {"type": "model", "id": settings.model_name, "display_name": settings.model_name}
             listing: dict[str, Any] = {

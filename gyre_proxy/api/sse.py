@@ -1,7 +1,7 @@
-"""Server-sent events for both adapters: framing, a pump that ticks while the core is quiet,
-and a streaming response that always closes the core's stream.
+"""Server-sent events for both adapters: framing, a pump that ticks while the answerer is quiet,
+and a streaming response that always closes the answerer's stream.
 
-Closing matters: the core aborts its engine request when its async generator is closed, so
+Closing matters: the answerer aborts its engine request when its async generator is closed, so
 a harness that hangs up mid-answer must not leave a generation running. This module knows
 nothing of either API's event names.
 """
@@ -18,7 +18,8 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gyre_proxy.api.errors import ApiError, as_api_error
+from gyre_proxy.api.errors import as_api_error
+from gyre_proxy.exceptions import ApiError
 
 T = TypeVar("T")
 
@@ -88,7 +89,7 @@ class EventPump(Generic[T]):
         """Stop the source: cancel a pending read, then close the generator. Idempotent.
 
         A second caller (the response ending while the disconnect watcher closes the pump)
-        waits until the first one's close is complete: the core's cleanup is not cut short.
+        waits until the first one's close is complete: the answerer's cleanup is not cut short.
         """
         self._closed = True
         if self._closing is not None:
@@ -117,7 +118,7 @@ class EventPump(Generic[T]):
 async def open_stream(source: AsyncIterator[T], timeout_s: float) -> tuple[EventPump[T], T | Pulse]:
     """A pump over ``source`` and its first item, waiting at most ``timeout_s`` for it.
 
-    The wait lets a request the core refuses at once (context too long, overloaded) get a
+    The wait lets a request the answerer refuses at once (context too long, overloaded) get a
     proper HTTP status; an error raised within it is re-raised after closing the source.
     """
     pump = EventPump(source)
@@ -155,7 +156,7 @@ class SSEResponse(Response):
     on every answer and one ASGI send per frame; this writes each item's frames in one
     send, ends the body in the same send as the finishing item's frames, and watches for
     the client going away from a single task. The pump is closed however the response ends, so the
-    core aborts its engine request when the harness hangs up mid-answer.
+    answerer aborts its engine request when the harness hangs up mid-answer.
     """
 
     media_type = SSE_MEDIA_TYPE
@@ -196,7 +197,7 @@ class SSEResponse(Response):
                 if last:
                     await send({"type": "http.response.body", "body": b"".join(frames), "more_body": False})
                     return
-                # The finishing frames wait for the source's end (at once, from the core) so
+                # The finishing frames wait for the source's end (at once, from the answerer) so
                 # they and the end of the body go out together; a quiet source gets them anyway.
                 if frames and (not framing.finished() or item is Pulse.TICK):
                     await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
@@ -232,7 +233,7 @@ def _frames(item: object, framing: StreamFraming[Any], out: list[bytes]) -> bool
 
 
 async def _close_on_disconnect(receive: Receive, pump: EventPump[Any]) -> None:
-    """Close the pump (so the core stops its engine request) once the client goes away."""
+    """Close the pump (so the answerer stops its engine request) once the client goes away."""
     try:
         while (await receive())["type"] != "http.disconnect":
             pass

@@ -1,8 +1,9 @@
 """The seam between the harness-facing APIs and the proxy's engine-side work.
 
-The Anthropic and OpenAI adapters translate HTTP into a ``ChatRequest`` and call a
-``ProxyCore``; the core tokenizes, routes, generates, records TITO and answers with a
-``ChatResponse`` or a stream of ``StreamEvent``s. Adapters never see tokens or engines.
+The Anthropic and OpenAI adapters translate HTTP into a ``ChatRequest`` and call an
+``Answerer``; the answerer (``gyre_proxy.answer.AnswerPipeline``) tokenizes, routes,
+generates, records TITO and answers with a ``ChatResponse`` or a stream of
+``StreamEvent``s. Adapters never see tokens or engines.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ class ExecutionAuth(msgspec.Struct, frozen=True):
     harness: str
 
 
-class ProxyCore(Protocol):
+class Answerer(Protocol):
+    """Answers a harness's model calls; ``stream`` ends with ``MessageDone``, and closing it
+    early stops the answer (the engine request is aborted)."""
+
     async def complete(self, execution: ExecutionAuth, request: ChatRequest) -> ChatResponse: ...
 
     def stream(self, execution: ExecutionAuth, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...

@@ -1,14 +1,14 @@
-"""gyre_proxy: the harness-facing proxy and the engine layer it routes to.
-
-So far this holds the engine layer: ``EngineClient`` (SGLang's native HTTP API), the
-``Engine`` protocol with its domain types, the typed errors, and (in ``refengine``) gyre's
-reference engine. ``gyre_proxy.engines.testing`` has the in-memory ``FakeEngine``;
-``gyre_proxy.engines.weights`` (needs torch) moves weights to engines.
+"""The engine layer, below the proxy and the cells: the ``Engine`` protocol and its domain
+types, ``EngineClient`` (SGLang's native HTTP API), the engine errors, and the tokenizer the
+proxy renders with. It knows nothing of harnesses, HTTP APIs or records. ``testing`` has the
+in-memory ``FakeEngine``, ``weights`` (needs torch) moves weights to engines, and
+``refengine`` is gyre's reference engine; none of the three is imported here.
 """
 
 from __future__ import annotations
 
 from gyre_proxy.engines.client import EngineClient, EngineClientConfig
+from gyre_proxy.engines.tokenizer import IncrementalText, QwenTokenizer, Tokenizer, qwen_tokenizer
 from gyre_proxy.engines.types import (
     Engine,
     EngineInfo,
@@ -31,6 +31,7 @@ from gyre_proxy.exceptions import (
     GyreProxyError,
     ModelLoadError,
     ReferenceEngineError,
+    RequestRejected,
     ScriptError,
     WeightUpdateFailed,
 )
@@ -53,10 +54,15 @@ __all__ = [
     "GenerateDelta",
     "GenerateResult",
     "GyreProxyError",
+    "IncrementalText",
     "ModelLoadError",
+    "QwenTokenizer",
     "ReferenceEngineError",
+    "RequestRejected",
     "SamplingConfig",
     "ScriptError",
+    "Tokenizer",
     "WeightUpdate",
     "WeightUpdateFailed",
+    "qwen_tokenizer",
 ]

@@ -1,0 +1,51 @@
+"""From a harness's request to a stored TITO record: the Qwen3 chat template, matching a
+request against its execution's trajectory tree so only new messages are tokenized, the
+harness plug-ins that classify calls, the spool that appends records off the response
+path, and the synthetic trace generator that goes through the same path. No engines, no HTTP.
+"""
+
+from __future__ import annotations
+
+from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
+from gyre_proxy.ingest.harnesses import (
+    CallTraits,
+    ClaudeCodeHarness,
+    GenericHarness,
+    HarnessPlugin,
+    plugin_for,
+)
+from gyre_proxy.ingest.incremental import (
+    EncodedRequest,
+    Match,
+    encode_match,
+    encode_request,
+    full_messages,
+    match_request,
+    output_hash,
+)
+from gyre_proxy.ingest.ingestor import Ingestor, Prepared, continuation
+from gyre_proxy.ingest.spool import RecordSpool
+from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+
+__all__ = [
+    "CallTraits",
+    "ClaudeCodeHarness",
+    "EncodedRequest",
+    "GenericHarness",
+    "HarnessPlugin",
+    "Ingestor",
+    "Match",
+    "Prepared",
+    "Qwen3Template",
+    "RecordSpool",
+    "Rendered",
+    "TraceConfig",
+    "TraceGenerator",
+    "continuation",
+    "encode_match",
+    "encode_request",
+    "full_messages",
+    "match_request",
+    "output_hash",
+    "plugin_for",
+]

@@ -2,8 +2,8 @@
 
 ``Ingestor.prepare`` matches and encodes a request against the execution's stored tree
 and classifies it with the harness plug-in; ``Ingestor.record`` turns the engine's output
-into a validated record and appends it. The proxy core and the trace generator both go
-through here, so synthetic traces are stored exactly as real ones are.
+into a validated record and appends it. The answer pipeline and the trace generator both
+go through here, so synthetic traces are stored exactly as real ones are.
 """
 
 from __future__ import annotations

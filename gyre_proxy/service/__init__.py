@@ -1,0 +1,12 @@
+"""The proxy as a running service: ``ProxyService`` assembles the store, engine clients,
+routing, the record spool, API keys and the HTTP app into one context manager, and the
+API keys (each writes into one execution) live in the event log. Assembly only: what each
+part does is in its own subpackage.
+"""
+
+from __future__ import annotations
+
+from gyre_proxy.service.keys import StoreKeys, issue_key, key_hash, revoke_key
+from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+
+__all__ = ["ProxyConfig", "ProxyService", "StoreKeys", "issue_key", "key_hash", "revoke_key"]

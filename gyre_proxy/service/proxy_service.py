@@ -13,16 +13,16 @@ from types import TracebackType
 
 from starlette.applications import Starlette
 
-from gyre_proxy.answer.pipeline import GyreProxyCore
-from gyre_proxy.api.app import ProxyServer, build_app
+from gyre_proxy.answer.pipeline import AnswerPipeline
+from gyre_proxy.answer.routing import Router
+from gyre_proxy.api.app import build_app, proxy_server
 from gyre_proxy.engines.client import EngineClient, EngineClientConfig
 from gyre_proxy.engines.tokenizer import qwen_tokenizer
 from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.harnesses import ClaudeCodeHarness, GenericHarness, HarnessPlugin
 from gyre_proxy.ingest.ingestor import Ingestor
+from gyre_proxy.ingest.spool import RecordSpool
 from gyre_proxy.service.keys import StoreKeys
-from gyre_proxy.service.routing import Router
-from gyre_proxy.service.spool import RecordSpool
 from gyre_store.log import EventLog
 from gyre_store.trees import TrajectoryRecorder
 
@@ -58,12 +58,14 @@ class ProxyService:
         recorder = TrajectoryRecorder(log)
         self.spool = RecordSpool(recorder)
         self.ingestor = Ingestor(recorder, Qwen3Template(qwen_tokenizer()), _plugin(config.harness))
-        self.core = GyreProxyCore(self.ingestor, self.router, self.spool, context_limit=config.context_limit)
+        self.pipeline = AnswerPipeline(
+            self.ingestor, self.router, self.spool, context_limit=config.context_limit
+        )
         self.keys = StoreKeys(log)
         self.app: Starlette = build_app(
-            self.core, self.keys, model_name=config.model_name, on_shutdown=self._close_clients
+            self.pipeline, self.keys, model_name=config.model_name, on_shutdown=self._close_clients
         )
-        self.server = ProxyServer(self.app, host=config.host, port=config.port)
+        self.server = proxy_server(self.app, host=config.host, port=config.port)
 
     async def _close_clients(self) -> None:
         for _, client in self.clients:

@@ -63,8 +63,7 @@ from gyre_sched.live.events import (
     store_role,
 )
 from gyre_sched.live.replay import load_run
-from gyre_store import iterate, subscribe
-from gyre_store import catalog
+from gyre_store import catalog, iterate, subscribe
 from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, StreamId
 
 Clock = Callable[[], float]

@@ -36,8 +36,7 @@ from gyre_sched.live.events import (
     execution_number,
     sched_stream,
 )
-from gyre_store import iterate
-from gyre_store import catalog
+from gyre_store import catalog, iterate
 from gyre_store.log import EventLog
 
 

@@ -15,8 +15,7 @@ from datetime import datetime
 from gyre_sched.decision import Outcome
 from gyre_sched.exceptions import WorkloadError
 from gyre_sched.sim.workload import EmpiricalWorkload, GroupSample
-from gyre_store import iterate
-from gyre_store import catalog
+from gyre_store import catalog, iterate
 from gyre_store.log import EventLog
 
 _TYPES = ("execution.dispatched", "execution.started", "execution.finished")

@@ -17,10 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.engines.refengine.model import ModelSource
-from gyre_proxy.service.keys import issue_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy import ProxyConfig, ProxyService, issue_key
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
 from gyre_store import PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
 from gyre_store.catalog import Provenance
 from gyre_store.trees import TreeProjection, TreeView

@@ -1,8 +1,12 @@
-"""gyre's reference engine: a small PyTorch causal LM served with SGLang's native HTTP API."""
+"""gyre's reference engine: a small PyTorch causal LM served with SGLang's native HTTP API,
+the embedded default and the engine of the tests. It speaks only that API: the proxy
+reaches it through ``EngineClient`` as it would a real SGLang server. It needs torch, so
+``gyre_proxy.engines`` does not import it.
+"""
 
 from __future__ import annotations
 
-from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig, RequestRejected
+from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig
 from gyre_proxy.engines.refengine.model import (
     DEFAULT_MODEL_CONFIG,
     LoadedModel,
@@ -10,10 +14,12 @@ from gyre_proxy.engines.refengine.model import (
     load_model,
     save_model_dir,
 )
-from gyre_proxy.engines.refengine.runner import ReferenceEngineServer, free_port, serve
+from gyre_proxy.engines.refengine.runner import ReferenceEngineServer, serve
 from gyre_proxy.engines.refengine.scripted import ScriptedPolicy, ScriptEntry, ScriptRule
 from gyre_proxy.engines.refengine.server import build_app
 from gyre_proxy.engines.refengine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from gyre_proxy.exceptions import RequestRejected
+from gyre_proxy.hosting import free_port
 
 __all__ = [
     "DEFAULT_MODEL_CONFIG",

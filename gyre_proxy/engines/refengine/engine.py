@@ -37,7 +37,7 @@ from gyre_proxy.engines.weights import (
     deserialize_safetensors,
     dtype_from_name,
 )
-from gyre_proxy.exceptions import ModelLoadError, ReferenceEngineError
+from gyre_proxy.exceptions import ModelLoadError, RequestRejected
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,6 @@ class ReferenceEngineConfig:
     return_original_logprob: bool = False
     incremental_streaming_output: bool = False
     torch_threads: int = 1
-
-
-class RequestRejected(ReferenceEngineError):
-    """The engine refused a request; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ReferenceEngine:

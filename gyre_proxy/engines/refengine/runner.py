@@ -7,9 +7,6 @@ stops both. ``serve`` blocks in the foreground, for ``gyre engine serve``.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from types import TracebackType
 from typing import Self
 
@@ -17,14 +14,7 @@ import uvicorn
 
 from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig
 from gyre_proxy.engines.refengine.server import build_app
-from gyre_proxy.exceptions import ReferenceEngineError
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from gyre_proxy.hosting import ServerThread
 
 
 class ReferenceEngineServer:
@@ -40,28 +30,28 @@ class ReferenceEngineServer:
         startup_timeout_s: float = 30.0,
     ) -> None:
         self.engine = engine or ReferenceEngine(config)
-        self.host = host
-        self.port = port or free_port(host)
-        self._startup_timeout_s = startup_timeout_s
-        uv_config = uvicorn.Config(
-            build_app(self.engine), host=host, port=self.port, log_level="warning", lifespan="off"
+        self._server = ServerThread(
+            build_app(self.engine),
+            name="the reference engine",
+            host=host,
+            port=port,
+            startup_timeout_s=startup_timeout_s,
+            lifespan="off",
         )
-        self._server = uvicorn.Server(uv_config)
-        self._thread = threading.Thread(target=self._server.run, name="gyre-reference-engine", daemon=True)
+        self.host = host
+        self.port = self._server.port
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self._server.base_url
 
     def __enter__(self) -> Self:
         self.engine.__enter__()
-        self._thread.start()
-        deadline = time.monotonic() + self._startup_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.engine.__exit__(None, None, None)
-                raise ReferenceEngineError(f"the reference engine did not start on {self.base_url}")
-            time.sleep(0.01)
+        try:
+            self._server.__enter__()
+        except BaseException:
+            self.engine.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(
@@ -70,8 +60,7 @@ class ReferenceEngineServer:
         # Stop the decode loop first: it finishes open streams with an abort, so uvicorn's
         # graceful shutdown does not wait on them.
         self.engine.__exit__(exc_type, exc, tb)
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.__exit__(exc_type, exc, tb)
 
 
 def serve(config: ReferenceEngineConfig, *, host: str, port: int) -> None:

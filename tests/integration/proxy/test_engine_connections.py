@@ -84,7 +84,7 @@ async def test_sequential_streams_share_one_connection(relay: CountingRelay) -> 
             deltas = [d async for d in client.generate_stream(prompt(i), sampling)]
             assert deltas[-1].finish is not None and deltas[-1].finish.kind is FinishKind.LENGTH
             assert sum(len(d.output_ids) for d in deltas) == 4
-        # numpy ids (what the proxy core holds) go over the same connection
+        # numpy ids (what the answer pipeline holds) go over the same connection
         ids = np.array(prompt(9), dtype=np.int32)
         deltas = [d async for d in client.generate_stream(ids, sampling)]  # type: ignore[arg-type]
         assert deltas[-1].finish is not None

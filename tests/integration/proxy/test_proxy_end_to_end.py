@@ -174,7 +174,7 @@ def test_an_engine_aborting_mid_answer_is_invisible_to_the_harness(
     aborter.join(10)
     assert "".join(pieces).startswith("The files are listed above.")
     assert final.stop_reason == "end_turn"
-    assert proxy.core.rerouted >= 1
+    assert proxy.pipeline.rerouted >= 1
     view = tree(proxy, "ex3")
     retried = [r for r in view.records.values() if r.finish == "abort"]
     assert retried, "the interrupted attempt is recorded"
@@ -229,7 +229,7 @@ def test_a_restarted_proxy_continues_an_execution_from_the_log(engines: list[Ref
 
 
 def test_evicted_executions_come_back_from_the_log(proxy: ProxyService) -> None:
-    proxy.core.max_executions = 1
+    proxy.pipeline.max_executions = 1
     keys = {
         ex: issue_key(proxy.log, execution_id=ex, run_id="run1", harness="claude-code")
         for ex in ("ev-a", "ev-b")
@@ -247,7 +247,7 @@ def test_evicted_executions_come_back_from_the_log(proxy: ProxyService) -> None:
 
     turn("ev-a")
     turn("ev-b")  # ev-a's caches are dropped: only one execution is kept
-    assert "ev-a" not in proxy.core._seqs
+    assert "ev-a" not in proxy.pipeline._seqs
     turn("ev-a")  # reloaded from the log, and still extends its stored context
     view = tree(proxy, "ev-a")
     first, second = sorted(view.records.values(), key=lambda r: r.seq)

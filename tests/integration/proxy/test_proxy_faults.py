@@ -1,4 +1,4 @@
-"""Faults around the proxy core: the database away, contexts over the limit, no engine."""
+"""Faults around the answer pipeline: the database away, contexts over the limit, no engine."""
 
 from __future__ import annotations
 

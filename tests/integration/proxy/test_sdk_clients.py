@@ -1,8 +1,8 @@
 """The proxy's HTTP API driven by the official ``anthropic`` and ``openai`` SDKs over loopback.
 
-A scripted core sits behind a real uvicorn server; the tests check what the SDKs parse out
-of our answers, what the core received, which SDK exception each error becomes, and that a
-client hanging up mid-stream closes the core's stream.
+A scripted answerer sits behind a real uvicorn server; the tests check what the SDKs parse out
+of our answers, what the answerer received, which SDK exception each error becomes, and that a
+client hanging up mid-stream closes the answerer's stream.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gyre_proxy.api.app import ProxyServer, build_app
-from gyre_proxy.api.errors import ContextTooLong, Overloaded, RateLimited
+from gyre_proxy.api.app import build_app, proxy_server
 from gyre_proxy.chat.answerer import BlockKind, BlockStart, TextDelta
 from gyre_proxy.chat.messages import (
     ChatResponse,
@@ -26,7 +25,8 @@ from gyre_proxy.chat.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, Scripted, StaticKeys, text_reply, tool_reply
+from gyre_proxy.chat.testing import KEY, FakeAnswerer, Reply, Scripted, StaticKeys, text_reply, tool_reply
+from gyre_proxy.exceptions import ContextTooLong, Overloaded, RateLimited
 
 MODEL = "qwen3-served"
 TOOLS = [
@@ -35,21 +35,27 @@ TOOLS = [
 
 
 @contextmanager
-def serving(core: FakeCore, **settings: float) -> Iterator[str]:
-    app = build_app(core, StaticKeys(), model_name=MODEL, **settings)  # type: ignore[arg-type]
-    with ProxyServer(app) as server:
+def serving(answerer: FakeAnswerer, **settings: float) -> Iterator[str]:
+    app = build_app(answerer, StaticKeys(), model_name=MODEL, **settings)  # type: ignore[arg-type]
+    with proxy_server(app) as server:
         yield server.base_url
 
 
 @contextmanager
-def claude(core: FakeCore, *, api_key: str = KEY) -> Iterator[anthropic.Anthropic]:
-    with serving(core) as url, anthropic.Anthropic(base_url=url, api_key=api_key, max_retries=0) as client:
+def claude(answerer: FakeAnswerer, *, api_key: str = KEY) -> Iterator[anthropic.Anthropic]:
+    with (
+        serving(answerer) as url,
+        anthropic.Anthropic(base_url=url, api_key=api_key, max_retries=0) as client,
+    ):
         yield client
 
 
 @contextmanager
-def gpt(core: FakeCore, *, api_key: str = KEY) -> Iterator[openai.OpenAI]:
-    with serving(core) as url, openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0) as client:
+def gpt(answerer: FakeAnswerer, *, api_key: str = KEY) -> Iterator[openai.OpenAI]:
+    with (
+        serving(answerer) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0) as client,
+    ):
         yield client
 
 
@@ -57,10 +63,10 @@ def gpt(core: FakeCore, *, api_key: str = KEY) -> Iterator[openai.OpenAI]:
 
 
 def test_anthropic_tool_use_round_trip() -> None:
-    core = FakeCore(
+    answerer = FakeAnswerer(
         [tool_reply("toolu_abc", "Bash", '{"command": "ls"}', preface="Looking."), text_reply("2 files")]
     )
-    with claude(core) as client:
+    with claude(answerer) as client:
         first = client.messages.create(
             model="claude-x",
             max_tokens=50,
@@ -85,10 +91,10 @@ def test_anthropic_tool_use_round_trip() -> None:
         )
     assert second.content[0].type == "text" and second.content[0].text == "2 files"
     assert second.usage.input_tokens == 11 and second.usage.output_tokens == 7
-    replayed = core.requests[1].messages
+    replayed = answerer.requests[1].messages
     assert replayed[1].blocks[1] == ToolUseBlock("toolu_abc", "Bash", '{"command":"ls"}')
     assert replayed[2].blocks == (ToolResultBlock("toolu_abc", "a b"),)
-    assert core.requests[0].tools[0].input_schema_json == '{"type":"object","properties":{}}'
+    assert answerer.requests[0].tools[0].input_schema_json == '{"type":"object","properties":{}}'
 
 
 def test_anthropic_beta_stream_accumulates_thinking_text_and_tool_input() -> None:
@@ -102,9 +108,9 @@ def test_anthropic_beta_stream_accumulates_thinking_text_and_tool_input() -> Non
         input_tokens=30,
         output_tokens=12,
     )
-    core = FakeCore([reply])
+    answerer = FakeAnswerer([reply])
     with (
-        claude(core) as client,
+        claude(answerer) as client,
         client.beta.messages.stream(
             model="claude-x",
             max_tokens=64,
@@ -130,12 +136,12 @@ def test_anthropic_beta_stream_accumulates_thinking_text_and_tool_input() -> Non
         and message.usage.input_tokens == 30
         and message.usage.output_tokens == 12
     )
-    assert core.requests[0].thinking and core.requests[0].system == "be terse"
-    assert core.stream_endings == ["completed"]
+    assert answerer.requests[0].thinking and answerer.requests[0].system == "be terse"
+    assert answerer.stream_endings == ["completed"]
 
 
 def test_anthropic_count_tokens() -> None:
-    with claude(FakeCore([text_reply("x")], token_count=123)) as client:
+    with claude(FakeAnswerer([text_reply("x")], token_count=123)) as client:
         counted = client.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}])
     assert counted.input_tokens == 123
 
@@ -151,7 +157,7 @@ def test_anthropic_count_tokens() -> None:
 )
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_errors_raise_the_sdk_classes(reply: Reply, error: type[Exception], stream: bool) -> None:
-    with claude(FakeCore([reply])) as client, pytest.raises(error) as caught:
+    with claude(FakeAnswerer([reply])) as client, pytest.raises(error) as caught:
         client.messages.create(
             model="claude-x", max_tokens=5, stream=stream, messages=[{"role": "user", "content": "hi"}]
         )
@@ -161,7 +167,7 @@ def test_anthropic_errors_raise_the_sdk_classes(reply: Reply, error: type[Except
 
 def test_anthropic_invalid_request_and_bad_key() -> None:
     with (
-        claude(FakeCore([text_reply("x")])) as client,
+        claude(FakeAnswerer([text_reply("x")])) as client,
         pytest.raises(anthropic.BadRequestError, match="tool_use_id"),
     ):
         client.messages.create(
@@ -175,7 +181,7 @@ def test_anthropic_invalid_request_and_bad_key() -> None:
             ],
         )
     with (
-        claude(FakeCore([text_reply("x")]), api_key="sk-wrong") as client,
+        claude(FakeAnswerer([text_reply("x")]), api_key="sk-wrong") as client,
         pytest.raises(anthropic.AuthenticationError),
     ):
         client.messages.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
@@ -185,9 +191,9 @@ def test_anthropic_invalid_request_and_bad_key() -> None:
 
 
 def test_openai_tool_calls_round_trip() -> None:
-    core = FakeCore([tool_reply("toolu_o", "Bash", '{"command": "ls"}'), text_reply("done")])
+    answerer = FakeAnswerer([tool_reply("toolu_o", "Bash", '{"command": "ls"}'), text_reply("done")])
     tools = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}]
-    with gpt(core) as client:
+    with gpt(answerer) as client:
         first = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "go"}], tools=tools
         )  # type: ignore[list-item]
@@ -204,12 +210,12 @@ def test_openai_tool_calls_round_trip() -> None:
             ],
         )
     assert second.choices[0].message.content == "done" and second.usage is not None
-    assert core.requests[1].messages[2].blocks == (ToolResultBlock("toolu_o", "a b"),)
+    assert answerer.requests[1].messages[2].blocks == (ToolResultBlock("toolu_o", "a b"),)
 
 
 def test_openai_stream_with_usage_and_models_list() -> None:
-    core = FakeCore([text_reply("streamed words", input_tokens=3, output_tokens=2)])
-    with gpt(core) as client:
+    answerer = FakeAnswerer([text_reply("streamed words", input_tokens=3, output_tokens=2)])
+    with gpt(answerer) as client:
         chunks = list(
             client.chat.completions.create(
                 model="m",
@@ -233,17 +239,17 @@ def test_openai_stream_with_usage_and_models_list() -> None:
     ],
 )
 def test_openai_errors_raise_the_sdk_classes(reply: Reply, error: type[Exception]) -> None:
-    with gpt(FakeCore([reply])) as client, pytest.raises(error):
+    with gpt(FakeAnswerer([reply])) as client, pytest.raises(error):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
 
 
 def test_openai_invalid_request_and_bad_key() -> None:
-    with gpt(FakeCore([text_reply("x")])) as client, pytest.raises(openai.BadRequestError):
+    with gpt(FakeAnswerer([text_reply("x")])) as client, pytest.raises(openai.BadRequestError):
         client.chat.completions.create(
             model="m", messages=[{"role": "tool", "tool_call_id": "nope", "content": "x"}]
         )
     with (
-        gpt(FakeCore([text_reply("x")]), api_key="sk-wrong") as client,
+        gpt(FakeAnswerer([text_reply("x")]), api_key="sk-wrong") as client,
         pytest.raises(openai.AuthenticationError),
     ):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -253,19 +259,19 @@ def test_openai_invalid_request_and_bad_key() -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
-def test_client_disconnect_closes_the_core_stream(path: str) -> None:
+def test_client_disconnect_closes_the_answerer_stream(path: str) -> None:
     hang = Scripted([BlockStart(0, BlockKind.TEXT), TextDelta(0, "partial"), 600.0, TextDelta(0, "never")])
-    core = FakeCore([hang])
+    answerer = FakeAnswerer([hang])
     payload = {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    with serving(core, ping_interval_s=0.05) as url, httpx.Client(base_url=url) as http:
+    with serving(answerer, ping_interval_s=0.05) as url, httpx.Client(base_url=url) as http:
         with http.stream("POST", path, json=payload, headers={"x-api-key": KEY}) as response:
             assert response.status_code == 200
             lines = response.iter_lines()
             for line in lines:
                 if "partial" in line:
                     break
-            later = [next(lines) for _ in range(6)]  # pings keep coming while the core waits
+            later = [next(lines) for _ in range(6)]  # pings keep coming while the answerer waits
             assert any("ping" in line for line in later)
-        assert core.closed.wait(5.0), "the core's stream was not closed after the client hung up"
-    assert core.stream_endings == ["closed"]
-    assert core.requests[0].messages[0].text() == "hi"
+        assert answerer.closed.wait(5.0), "the answerer's stream was not closed after the client hung up"
+    assert answerer.stream_endings == ["closed"]
+    assert answerer.requests[0].messages[0].text() == "hi"

@@ -8,15 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gyre_proxy.api.anthropic import (
-    IMAGE_PLACEHOLDER,
-    StreamEncoder,
-    decode_body,
-    thinking_signature,
-    to_chat_request,
-)
+from gyre_proxy.api.adapter import decode_body
+from gyre_proxy.api.anthropic import IMAGE_PLACEHOLDER, MESSAGES_DECODER, to_chat_request
+from gyre_proxy.api.anthropic_answer import StreamEncoder, thinking_signature
 from gyre_proxy.api.app import build_app
-from gyre_proxy.api.errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
 from gyre_proxy.chat.answerer import BlockKind, BlockStart, BlockStop, MessageDone, TextDelta, ThinkingDelta
 from gyre_proxy.chat.messages import (
     ChatRequest,
@@ -28,8 +23,8 @@ from gyre_proxy.chat.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gyre_proxy.exceptions import EngineNotAccepting
-from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, Scripted, StaticKeys, text_reply
+from gyre_proxy.chat.testing import KEY, FakeAnswerer, Reply, Scripted, StaticKeys, text_reply
+from gyre_proxy.exceptions import ContextTooLong, EngineNotAccepting, InvalidRequest, Overloaded, RateLimited
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +42,7 @@ def body(**overrides: Any) -> dict[str, Any]:
 
 def parse(raw: dict[str, Any] | bytes, *, require_max_tokens: bool = True) -> ChatRequest:
     data = raw if isinstance(raw, bytes) else json.dumps(raw).encode()
-    return to_chat_request(decode_body(data), require_max_tokens=require_max_tokens)
+    return to_chat_request(decode_body(data, MESSAGES_DECODER), require_max_tokens=require_max_tokens)
 
 
 def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -59,14 +54,14 @@ def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def post(
-    core: FakeCore,
+    answerer: FakeAnswerer,
     payload: Any,
     *,
     path: str = "/v1/messages",
     headers: dict[str, str] | None = None,
     **settings: Any,
 ) -> httpx.Response:
-    app = build_app(core, StaticKeys(), model_name="qwen3-test", **settings)
+    app = build_app(answerer, StaticKeys(), model_name="qwen3-test", **settings)
     headers = HEADERS if headers is None else headers
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as http:
         content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -245,8 +240,8 @@ async def test_non_streaming_answer_is_a_message_object() -> None:
         input_tokens=5,
         output_tokens=3,
     )
-    core = FakeCore([reply])
-    response = await post(core, body(metadata={"user_id": "x"}))
+    answerer = FakeAnswerer([reply])
+    response = await post(answerer, body(metadata={"user_id": "x"}))
     answer = response.json()
     assert response.status_code == 200
     assert answer["type"] == "message" and answer["role"] == "assistant" and answer["id"].startswith("msg_")
@@ -257,7 +252,7 @@ async def test_non_streaming_answer_is_a_message_object() -> None:
         {"type": "tool_use", "id": "toolu_a", "name": "Bash", "input": {"command": "ls"}},
     ]
     assert answer["usage"]["input_tokens"] == 5 and answer["usage"]["output_tokens"] == 3
-    assert core.requests[0].messages[0].text() == "hello"
+    assert answerer.requests[0].messages[0].text() == "hello"
 
 
 async def test_streaming_answer_is_the_full_event_sequence() -> None:
@@ -271,7 +266,7 @@ async def test_streaming_answer_is_the_full_event_sequence() -> None:
         input_tokens=12,
         output_tokens=8,
     )
-    response = await post(FakeCore([reply]), body(stream=True), path="/v1/messages?beta=true")
+    response = await post(FakeAnswerer([reply]), body(stream=True), path="/v1/messages?beta=true")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.text)
     names = [name for name, _ in events]
@@ -308,7 +303,7 @@ async def test_streaming_answer_is_the_full_event_sequence() -> None:
 
 async def test_error_after_the_stream_started_is_an_error_event() -> None:
     script = Scripted([BlockStart(0, BlockKind.TEXT), TextDelta(0, "par"), RuntimeError("secret detail")])
-    response = await post(FakeCore([script]), body(stream=True))
+    response = await post(FakeAnswerer([script]), body(stream=True))
     events = sse_events(response.text)
     assert response.status_code == 200
     assert events[-1] == (
@@ -319,7 +314,7 @@ async def test_error_after_the_stream_started_is_an_error_event() -> None:
 
 async def test_stream_that_ends_without_finishing_reports_an_error() -> None:
     response = await post(
-        FakeCore([Scripted([BlockStart(0, BlockKind.TEXT), TextDelta(0, "x")])]), body(stream=True)
+        FakeAnswerer([Scripted([BlockStart(0, BlockKind.TEXT), TextDelta(0, "x")])]), body(stream=True)
     )
     assert sse_events(response.text)[-1][0] == "error"
 
@@ -335,10 +330,10 @@ async def test_stream_that_ends_without_finishing_reports_an_error() -> None:
     ],
 )
 @pytest.mark.parametrize("stream", [False, True])
-async def test_core_errors_map_to_anthropic_statuses(
+async def test_answerer_errors_map_to_anthropic_statuses(
     reply: Reply, status: int, kind: str, stream: bool
 ) -> None:
-    response = await post(FakeCore([reply]), body(stream=stream))
+    response = await post(FakeAnswerer([reply]), body(stream=stream))
     assert response.status_code == status
     error = response.json()
     assert error["type"] == "error" and error["error"]["type"] == kind
@@ -359,33 +354,33 @@ async def test_core_errors_map_to_anthropic_statuses(
     ],
 )
 async def test_api_key_from_either_header(headers: dict[str, str], status: int) -> None:
-    core = FakeCore([text_reply("ok")])
-    response = await post(core, body(), headers=headers)
+    answerer = FakeAnswerer([text_reply("ok")])
+    response = await post(answerer, body(), headers=headers)
     assert response.status_code == status
     if status == 401:
-        assert response.json()["error"]["type"] == "authentication_error" and not core.requests
+        assert response.json()["error"]["type"] == "authentication_error" and not answerer.requests
 
 
 async def test_oversize_body_is_413() -> None:
-    response = await post(FakeCore([text_reply("ok")]), body(system="x" * 2000), max_body_bytes=1000)
+    response = await post(FakeAnswerer([text_reply("ok")]), body(system="x" * 2000), max_body_bytes=1000)
     assert response.status_code == 413 and response.json()["error"]["type"] == "request_too_large"
 
 
 async def test_bad_request_over_http_has_anthropic_shape() -> None:
-    response = await post(FakeCore([text_reply("ok")]), b"{")
+    response = await post(FakeAnswerer([text_reply("ok")]), b"{")
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
 async def test_count_tokens_endpoint() -> None:
-    core = FakeCore([text_reply("unused")], token_count=77)
+    answerer = FakeAnswerer([text_reply("unused")], token_count=77)
     payload = {k: v for k, v in body().items() if k != "max_tokens"}
-    response = await post(core, payload, path="/v1/messages/count_tokens")
+    response = await post(answerer, payload, path="/v1/messages/count_tokens")
     assert response.json() == {"input_tokens": 77}
 
 
 async def test_unknown_path_answers_in_anthropic_shape() -> None:
-    response = await post(FakeCore([text_reply("ok")]), body(), path="/v1/messages/nope")
+    response = await post(FakeAnswerer([text_reply("ok")]), body(), path="/v1/messages/nope")
     assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gyre_proxy.api.adapter import decode_body
 from gyre_proxy.api.app import build_app
-from gyre_proxy.api.errors import ContextTooLong, InvalidRequest, Overloaded, RateLimited
-from gyre_proxy.api.openai_chat import decode_body, to_chat_request
+from gyre_proxy.api.openai_chat import COMPLETIONS_DECODER, to_chat_request
 from gyre_proxy.chat.messages import (
     ChatResponse,
     Role,
@@ -20,7 +20,8 @@ from gyre_proxy.chat.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from tests.unit.proxy.test_api_fakes import KEY, FakeCore, Reply, StaticKeys, text_reply
+from gyre_proxy.chat.testing import KEY, FakeAnswerer, Reply, StaticKeys, text_reply
+from gyre_proxy.exceptions import ContextTooLong, InvalidRequest, Overloaded, RateLimited
 
 pytestmark = pytest.mark.anyio
 
@@ -33,14 +34,14 @@ def body(**overrides: Any) -> dict[str, Any]:
 
 
 async def request(
-    core: FakeCore,
+    answerer: FakeAnswerer,
     payload: Any,
     *,
     method: str = "POST",
     path: str = "/v1/chat/completions",
     headers: Any = None,
 ) -> httpx.Response:
-    app = build_app(core, StaticKeys(), model_name="qwen3-served")
+    app = build_app(answerer, StaticKeys(), model_name="qwen3-served")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as http:
         content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         return await http.request(
@@ -93,7 +94,8 @@ def test_roles_tool_messages_and_options_are_translated() -> None:
                         {"role": "user", "content": "next"},
                     ],
                 )
-            ).encode()
+            ).encode(),
+            COMPLETIONS_DECODER,
         )
     )
     assert chat.system == "sys\n\ndev" and chat.max_tokens == 64 and chat.temperature == 1.5
@@ -121,7 +123,7 @@ def test_roles_tool_messages_and_options_are_translated() -> None:
 )
 def test_invalid_requests_are_refused(payload: dict[str, Any], fragment: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        to_chat_request(decode_body(json.dumps(payload).encode()))
+        to_chat_request(decode_body(json.dumps(payload).encode(), COMPLETIONS_DECODER))
     assert fragment in str(caught.value)
 
 
@@ -132,7 +134,7 @@ async def test_non_streaming_completion() -> None:
         input_tokens=4,
         output_tokens=6,
     )
-    response = await request(FakeCore([reply]), body())
+    response = await request(FakeAnswerer([reply]), body())
     answer = response.json()
     assert answer["object"] == "chat.completion" and answer["model"] == "qwen3-test"
     choice = answer["choices"][0]
@@ -155,7 +157,7 @@ async def test_streaming_chunks_with_tool_calls_and_usage() -> None:
         input_tokens=3,
         output_tokens=5,
     )
-    response = await request(FakeCore([reply]), body(stream=True, stream_options={"include_usage": True}))
+    response = await request(FakeAnswerer([reply]), body(stream=True, stream_options={"include_usage": True}))
     parsed = chunks(response.text)
     assert all(c["object"] == "chat.completion.chunk" for c in parsed)
     assert parsed[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -175,7 +177,7 @@ async def test_streaming_chunks_with_tool_calls_and_usage() -> None:
 
 
 async def test_streaming_without_usage_has_no_usage_chunk() -> None:
-    response = await request(FakeCore([text_reply("hello")]), body(stream=True))
+    response = await request(FakeAnswerer([text_reply("hello")]), body(stream=True))
     parsed = chunks(response.text)
     assert parsed[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in parsed[-1]
 
@@ -189,10 +191,10 @@ async def test_streaming_without_usage_has_no_usage_chunk() -> None:
         (KeyError("internal"), 500, "server_error", None),
     ],
 )
-async def test_core_errors_map_to_openai_statuses(
+async def test_answerer_errors_map_to_openai_statuses(
     reply: Reply, status: int, kind: str, code: str | None
 ) -> None:
-    response = await request(FakeCore([reply]), body(stream=True))
+    response = await request(FakeAnswerer([reply]), body(stream=True))
     error = response.json()["error"]
     assert response.status_code == status and (error["type"], error["code"]) == (kind, code)
     assert set(error) == {"message", "type", "param", "code"}
@@ -200,19 +202,19 @@ async def test_core_errors_map_to_openai_statuses(
 
 async def test_unknown_key_and_bad_json() -> None:
     unauthorized = await request(
-        FakeCore([text_reply("x")]), body(), headers={"authorization": "Bearer nope"}
+        FakeAnswerer([text_reply("x")]), body(), headers={"authorization": "Bearer nope"}
     )
     assert unauthorized.status_code == 401 and unauthorized.json()["error"]["code"] == "invalid_api_key"
-    bad = await request(FakeCore([text_reply("x")]), b"{oops")
+    bad = await request(FakeAnswerer([text_reply("x")]), b"{oops")
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
 async def test_models_lists_the_served_model_in_either_shape() -> None:
-    openai_shape = await request(FakeCore([text_reply("x")]), b"", method="GET", path="/v1/models")
+    openai_shape = await request(FakeAnswerer([text_reply("x")]), b"", method="GET", path="/v1/models")
     assert openai_shape.json()["data"][0]["id"] == "qwen3-served"
     anthropic_headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
     anthropic_shape = await request(
-        FakeCore([text_reply("x")]), b"", method="GET", path="/v1/models", headers=anthropic_headers
+        FakeAnswerer([text_reply("x")]), b"", method="GET", path="/v1/models", headers=anthropic_headers
     )
     assert anthropic_shape.json()["data"][0] == {
         "type": "model",
@@ -220,5 +222,5 @@ async def test_models_lists_the_served_model_in_either_shape() -> None:
         "display_name": "qwen3-served",
         "created_at": "1970-01-01T00:00:00Z",
     }
-    health = await request(FakeCore([text_reply("x")]), b"", method="GET", path="/health", headers={})
+    health = await request(FakeAnswerer([text_reply("x")]), b"", method="GET", path="/health", headers={})
     assert health.json() == {"status": "ok"}

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from gyre_proxy.api.errors import Overloaded
 from gyre_proxy.api.sse import (
     SSE_HEADERS,
     EventPump,
@@ -20,6 +19,7 @@ from gyre_proxy.api.sse import (
     named_event,
     open_stream,
 )
+from gyre_proxy.exceptions import Overloaded
 
 pytestmark = pytest.mark.anyio
 
@@ -92,7 +92,7 @@ async def test_a_second_aclose_waits_for_the_first_to_finish() -> None:
             yield 0
             await asyncio.sleep(60)
         finally:
-            await asyncio.sleep(0.05)  # the core's cleanup: abort the engine, stage the record
+            await asyncio.sleep(0.05)  # the answerer's cleanup: abort the engine, stage the record
             cleaned.append("done")
 
     pump = EventPump(slow_cleanup())

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.answer.pipeline import GyreProxyCore
+from gyre_proxy.answer.pipeline import AnswerPipeline
+from gyre_proxy.answer.routing import Router
 from gyre_proxy.chat.answerer import ExecutionAuth
 from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock
 from gyre_proxy.engines.testing import FakeEngine
@@ -18,8 +19,7 @@ from gyre_proxy.engines.tokenizer import IncrementalText, QwenTokenizer, qwen_to
 from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.harnesses import GenericHarness
 from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.service.routing import Router
-from gyre_proxy.service.spool import RecordSpool
+from gyre_proxy.ingest.spool import RecordSpool
 from gyre_store import InMemoryEventLog
 from gyre_store.trees import TrajectoryRecorder
 
@@ -96,13 +96,13 @@ def test_a_long_streamed_answer_is_decoded_once(tok: QwenTokenizer) -> None:
     ids = [*tok.encode(answer), tok.special("<|im_end|>")]
     engine = FakeEngine(script=[ids], context_length=1_000_000)  # one token per chunk
     recorder = TrajectoryRecorder(InMemoryEventLog())
-    core = GyreProxyCore(
+    pipeline = AnswerPipeline(
         Ingestor(recorder, Qwen3Template(counting), GenericHarness()),
         Router([("e", engine)]),  # type: ignore[list-item]
         RecordSpool(recorder),
     )
     request = ChatRequest(system="s", messages=(Message(Role.USER, (TextBlock("go"),)),), max_tokens=5000)
-    response = asyncio.run(core.complete(ExecutionAuth("ex", "r", "generic"), request))
-    core.spool.close()
+    response = asyncio.run(pipeline.complete(ExecutionAuth("ex", "r", "generic"), request))
+    pipeline.spool.close()
     assert response.blocks == (TextBlock(answer),)
     assert len(ids) > 400 and counting.decoded <= len(ids)  # re-decoding every chunk: ~n^2 / 2

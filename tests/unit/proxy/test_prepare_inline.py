@@ -1,6 +1,6 @@
 """Preparing a request on the event loop or in a thread gives the same engine input and record.
 
-The proxy core encodes an execution's next small turn inline and hands big or uncached ones
+The answer pipeline encodes an execution's next small turn inline and hands big or uncached ones
 to a worker thread; the two paths must be indistinguishable from the engine and the log.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre_proxy.answer.pipeline import GyreProxyCore
+from gyre_proxy.answer.pipeline import AnswerPipeline
+from gyre_proxy.answer.routing import Router
 from gyre_proxy.chat.answerer import ExecutionAuth
 from gyre_proxy.chat.messages import (
     ChatRequest,
@@ -26,8 +27,7 @@ from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.harnesses import GenericHarness
 from gyre_proxy.ingest.incremental import encode_request, match_request, output_hash
 from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.service.routing import Router
-from gyre_proxy.service.spool import RecordSpool
+from gyre_proxy.ingest.spool import RecordSpool
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import TitoArrays
 from gyre_store.log import StreamId
@@ -48,19 +48,21 @@ def template() -> Qwen3Template:
     return Qwen3Template(qwen_tokenizer())
 
 
-def core_over(template: Qwen3Template, **options: int) -> tuple[GyreProxyCore, FakeEngine, InMemoryEventLog]:
+def pipeline_over(
+    template: Qwen3Template, **options: int
+) -> tuple[AnswerPipeline, FakeEngine, InMemoryEventLog]:
     tok = template.tok
     answer = [*tok.encode("Done."), tok.special("<|im_end|>")]
     engine = FakeEngine(script=[answer], context_length=1_000_000)
     log = InMemoryEventLog()
     recorder = TrajectoryRecorder(log)
-    core = GyreProxyCore(
+    pipeline = AnswerPipeline(
         Ingestor(recorder, template, GenericHarness()),
         Router([("e", engine)]),  # type: ignore[list-item]
         RecordSpool(recorder),
         **options,
     )
-    return core, engine, log
+    return pipeline, engine, log
 
 
 def turns() -> list[Message]:
@@ -73,11 +75,11 @@ def turns() -> list[Message]:
     return out
 
 
-async def run_conversation(core: GyreProxyCore) -> None:
+async def run_conversation(pipeline: AnswerPipeline) -> None:
     history = turns()
     for end in range(1, len(history) + 1, 2):
         request = ChatRequest(system="You are an agent.", messages=tuple(history[:end]))
-        await core.complete(AUTH, request)
+        await pipeline.complete(AUTH, request)
 
 
 def stored(log: InMemoryEventLog) -> list[tuple[bytes, bytes, int]]:
@@ -89,8 +91,8 @@ def stored(log: InMemoryEventLog) -> list[tuple[bytes, bytes, int]]:
 
 
 async def test_inline_and_threaded_preparation_agree(template: Qwen3Template) -> None:
-    inline, inline_engine, inline_log = core_over(template)
-    threaded, threaded_engine, threaded_log = core_over(template, inline_chars=-1)
+    inline, inline_engine, inline_log = pipeline_over(template)
+    threaded, threaded_engine, threaded_log = pipeline_over(template, inline_chars=-1)
     await run_conversation(inline)
     await run_conversation(threaded)
     inline.spool.close()
@@ -102,19 +104,19 @@ async def test_inline_and_threaded_preparation_agree(template: Qwen3Template) ->
 
 
 async def test_an_evicted_execution_is_prepared_from_the_log(template: Qwen3Template) -> None:
-    core, engine, _ = core_over(template, max_executions=1)
+    pipeline, engine, _ = pipeline_over(template, max_executions=1)
     history = turns()
-    await core.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:1])))
-    await core.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:3])))
-    assert core.prepared_inline == 1
-    core.spool.flush()  # an execution whose records wait in the spool is never evicted
+    await pipeline.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:1])))
+    await pipeline.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:3])))
+    assert pipeline.prepared_inline == 1
+    pipeline.spool.flush()  # an execution whose records wait in the spool is never evicted
     other = ExecutionAuth("other", "run", "generic")
-    await core.complete(other, ChatRequest(system="s", messages=tuple(history[:1])))  # evicts "ex"
-    assert core.ingestor.recorder.cached_context("ex") is None
-    await core.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:5])))
-    core.spool.close()
-    assert core.prepared_inline == 1  # "ex" had to be reloaded, in a thread
-    kept, kept_engine, _ = core_over(template)
+    await pipeline.complete(other, ChatRequest(system="s", messages=tuple(history[:1])))  # evicts "ex"
+    assert pipeline.ingestor.recorder.cached_context("ex") is None
+    await pipeline.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:5])))
+    pipeline.spool.close()
+    assert pipeline.prepared_inline == 1  # "ex" had to be reloaded, in a thread
+    kept, kept_engine, _ = pipeline_over(template)
     for end in (1, 3, 5):
         await kept.complete(AUTH, ChatRequest(system="s", messages=tuple(history[:end])))
     kept.spool.close()

@@ -59,10 +59,10 @@ from gyre_store import (
     InMemoryEventLog,
     InMemoryProjectionStore,
     NewEvent,
+    catalog,
     catch_up,
     lifecycle_projections,
 )
-from gyre_store import catalog
 from gyre_store.log import EventLog
 from tests.unit.sched.helpers import small_cluster, tiny
 

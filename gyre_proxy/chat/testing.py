@@ -1,8 +1,8 @@
-"""A scripted ``ProxyCore`` and a static ``KeyResolver`` for the API adapter tests (no tests here).
+"""In-memory stand-ins for the API adapters' two seams: a scripted ``Answerer`` and a
+static ``KeyResolver``.
 
-``FakeCore`` answers each call with the next scripted reply, records every request and
-whether each stream ran to its end or was closed early. It belongs in ``gyre_proxy.engines.testing``
-once the lead moves it there; the adapter tests import it from this module until then.
+``FakeAnswerer`` answers each call with the next scripted reply, records every request and
+whether each stream ran to its end or was closed early, so adapter tests need no engine.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ Reply = ChatResponse | Scripted | Exception
 
 
 def response_events(response: ChatResponse, *, chunk: int = 3) -> list[StreamEvent]:
-    """The stream a real core would send for ``response``, text cut into ``chunk``-char deltas."""
+    """The stream a real answerer would send for ``response``, text cut into ``chunk``-char deltas."""
     events: list[StreamEvent] = [MessageStart(response.input_tokens)]
     for i, block in enumerate(response.blocks):
         if isinstance(block, TextBlock):
@@ -89,8 +89,8 @@ def tool_reply(tool_id: str, name: str, input_json: str, *, preface: str = "") -
 
 
 @dataclass
-class FakeCore:
-    """A ``ProxyCore`` that plays ``replies`` in order (the last one repeats)."""
+class FakeAnswerer:
+    """A ``Answerer`` that plays ``replies`` in order (the last one repeats)."""
 
     replies: list[Reply]
     token_count: int = 42

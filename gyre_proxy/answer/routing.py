@@ -4,7 +4,7 @@ Each execution sticks to one engine. When the scheduler takes an engine out of r
 (an ``engine.routing_changed`` event), new requests avoid it and executions bound to it
 move; the choice prefers the engine with the fewest executions, so one execution is not
 moved again and again. In-flight requests on a stopped engine are cancelled and retried
-by the proxy core, not here.
+by the answer pipeline, not here.
 """
 
 from __future__ import annotations

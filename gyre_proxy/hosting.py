@@ -1,0 +1,85 @@
+"""Serving an ASGI app on loopback from a background thread: the proxy's and the reference
+engine's HTTP servers, for tests, demos and embedded runs.
+
+``ServerThread`` is a context manager around one uvicorn server; ``free_port`` finds a port.
+It imports nothing of gyre_proxy but its exceptions, so the engine layer (below the proxy)
+and the proxy's API both host their apps with it. Foreground serving stays with the callers.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import uvicorn
+
+from gyre_proxy.exceptions import ServerStartError
+
+# uvicorn's default: an idle keep-alive connection is closed after 5 s.
+DEFAULT_KEEP_ALIVE_S = 5
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerThread:
+    """``app`` on ``http://host:port``, served by uvicorn from a daemon thread.
+
+    Entering starts the thread and waits until the server accepts connections (at most
+    ``startup_timeout_s``), raising ``ServerStartError`` naming ``name`` if it does not;
+    leaving asks uvicorn to shut down gracefully and joins the thread.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        name: str,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout_s: float = 10.0,
+        lifespan: Literal["on", "off"] = "on",
+        keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.port = port or free_port(host)
+        self._startup_timeout_s = startup_timeout_s
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=self.port,
+            log_level="warning",
+            lifespan=lifespan,
+            timeout_keep_alive=keep_alive_s,
+        )
+        self._server = uvicorn.Server(config)
+        thread_name = "gyre-" + name.removeprefix("the ").replace(" ", "-")
+        self._thread = threading.Thread(target=self._server.run, name=thread_name, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        deadline = time.monotonic() + self._startup_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self._server.should_exit = True
+                raise ServerStartError(f"{self.name} did not start on {self.base_url}")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
