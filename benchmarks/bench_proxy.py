@@ -53,7 +53,7 @@ def instant_engine(port: int) -> None:
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    from gyre_proxy.engines.tokenizer import qwen_tokenizer
+    from gyre_proxy.engines import qwen_tokenizer
 
     tok = qwen_tokenizer()
     ids = [*tok.encode("OK."), tok.special("<|im_end|>")]
@@ -211,11 +211,9 @@ def add_rows(table: Table, mode: str, arm: Arm, *, target: bool) -> None:
 
 
 def bench_incremental() -> tuple[float, float, int]:
-    from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
-    from gyre_proxy.engines.tokenizer import qwen_tokenizer
-    from gyre_proxy.ingest.chat_template import Qwen3Template
-    from gyre_proxy.ingest.harnesses import GenericHarness
-    from gyre_proxy.ingest.ingestor import Ingestor
+    from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
+    from gyre_proxy.engines import qwen_tokenizer
+    from gyre_proxy.ingest import GenericHarness, Ingestor, Qwen3Template
     from gyre_proxy.ingest.tracegen import WORDS
     from gyre_store import InMemoryEventLog
     from gyre_store.trees import ExecutionContext, TrajectoryRecorder
@@ -240,7 +238,7 @@ def bench_incremental() -> tuple[float, float, int]:
         if prepared.encoded.input_len > 100_000:
             break
     request = ChatRequest(system="sys", messages=tuple(history))
-    from gyre_proxy.ingest.incremental import encode_request
+    from gyre_proxy.ingest import encode_request
 
     ctx = ing.recorder.context("ex")
     reps = 5
@@ -316,7 +314,7 @@ def main() -> int:
                                  env=env, cwd=ROOT, capture_output=True, text=True, check=True) if i < 1 else None  # fmt: skip
             keys.append(json.loads(out.stdout)["api_key"] if out else None)
         # one key per client, issued through the library (a CLI process each would take minutes)
-        from gyre_proxy.service.keys import issue_key
+        from gyre_proxy.service import issue_key
         from gyre_store import PostgresEventLog, StoreConfig
 
         with PostgresEventLog(StoreConfig(db)) as log:

@@ -28,13 +28,18 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gyre_proxy.chat.messages import ChatRequest
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
-from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
-from gyre_proxy.ingest.incremental import full_messages
-from gyre_proxy.ingest.ingestor import Ingestor, Prepared
-from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.chat import ChatRequest
+from gyre_proxy.engines import qwen_tokenizer
+from gyre_proxy.ingest import (
+    ClaudeCodeHarness,
+    Ingestor,
+    Prepared,
+    Qwen3Template,
+    Rendered,
+    TraceConfig,
+    TraceGenerator,
+    full_messages,
+)
 from gyre_store import InMemoryEventLog, PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
 from gyre_store.catalog import TitoArrays
 from gyre_store.db import migrate
@@ -249,8 +254,7 @@ class _NullIngestor(Ingestor):
         super().__init__(TrajectoryRecorder(InMemoryEventLog()), template, ClaudeCodeHarness())
 
     def prepare(self, execution_id: str, run_id: str, request: ChatRequest) -> Prepared:
-        from gyre_proxy.ingest.harnesses import CallTraits
-        from gyre_proxy.ingest.incremental import EncodedRequest
+        from gyre_proxy.ingest import CallTraits, EncodedRequest
         from gyre_store.catalog import AgentKind, CallPurpose
 
         z = np.zeros(0, np.int32)

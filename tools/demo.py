@@ -193,11 +193,8 @@ def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id:
     # builds the whole parser.
     import torch
 
-    from gyre_proxy.engines.tokenizer import qwen_tokenizer
-    from gyre_proxy.ingest.chat_template import Qwen3Template
-    from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
-    from gyre_proxy.ingest.ingestor import Ingestor
-    from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+    from gyre_proxy.engines import qwen_tokenizer
+    from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
     from gyre_store.trees import TrajectoryRecorder, TreeView
     from gyre_train import (
         AdmissionConfig,

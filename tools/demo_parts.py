@@ -14,10 +14,8 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.engines.refengine.model import ModelSource
-from gyre_proxy.service.keys import issue_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.service import ProxyConfig, ProxyService, issue_key
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up
 from gyre_store.trees import TreeProjection, TreeView
 

@@ -8,11 +8,8 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
-from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.engines import qwen_tokenizer
+from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import (
     ExecutionDispatched,
     ExecutionFinished,

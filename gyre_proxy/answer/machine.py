@@ -16,11 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_proxy.answer.output_parser import OutputParser
-from gyre_proxy.chat.answerer import StreamEvent
-from gyre_proxy.chat.messages import Block, ChatRequest, Message, Role
-from gyre_proxy.engines.tokenizer import IncrementalText, Tokenizer
-from gyre_proxy.engines.types import FinishKind, GenerateDelta, SamplingConfig
-from gyre_proxy.ingest.ingestor import Prepared, continuation
+from gyre_proxy.chat import Block, ChatRequest, Message, Role, StreamEvent
+from gyre_proxy.engines import FinishKind, GenerateDelta, IncrementalText, SamplingConfig, Tokenizer
+from gyre_proxy.ingest import Prepared, continuation
 from gyre_store.catalog import CallFinish
 
 MAX_ATTEMPTS = 4

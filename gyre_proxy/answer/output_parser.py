@@ -24,18 +24,23 @@ from collections.abc import Callable
 
 import msgspec
 
-from gyre_proxy.chat.answerer import (
+from gyre_proxy.chat import (
+    Block,
     BlockKind,
     BlockStart,
     BlockStop,
+    ChatResponse,
     MessageDone,
+    StopReason,
     StreamEvent,
+    TextBlock,
     TextDelta,
+    ThinkingBlock,
     ThinkingDelta,
     ToolInputDelta,
+    ToolUseBlock,
 )
-from gyre_proxy.chat.messages import Block, ChatResponse, StopReason, TextBlock, ThinkingBlock, ToolUseBlock
-from gyre_proxy.engines.types import FinishKind
+from gyre_proxy.engines import FinishKind
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

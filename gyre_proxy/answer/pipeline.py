@@ -23,9 +23,16 @@ import numpy.typing as npt
 
 from gyre_proxy.answer.machine import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
 from gyre_proxy.answer.routing import RoutedEngine, Router
-from gyre_proxy.chat.answerer import ExecutionAuth, MessageDone, MessageStart, StreamEvent
-from gyre_proxy.chat.messages import Block, ChatRequest, ChatResponse
-from gyre_proxy.engines.types import GenerateDelta
+from gyre_proxy.chat import (
+    Block,
+    ChatRequest,
+    ChatResponse,
+    ExecutionAuth,
+    MessageDone,
+    MessageStart,
+    StreamEvent,
+)
+from gyre_proxy.engines import GenerateDelta
 from gyre_proxy.exceptions import (
     ContextLengthExceeded,
     ContextTooLong,
@@ -34,9 +41,7 @@ from gyre_proxy.exceptions import (
     EngineUnavailable,
     Overloaded,
 )
-from gyre_proxy.ingest.incremental import Match
-from gyre_proxy.ingest.ingestor import Ingestor, Prepared
-from gyre_proxy.ingest.spool import RecordSpool
+from gyre_proxy.ingest import Ingestor, Match, Prepared, RecordSpool
 from gyre_store.catalog import ModelCallRecorded, TitoArrays
 from gyre_store.log import StreamId
 from gyre_store.trees import TrajectoryRecorder

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gyre_proxy.engines.types import Engine
+from gyre_proxy.engines import Engine
 from gyre_proxy.exceptions import EngineUnavailable
 from gyre_store.catalog import EngineRoutingChanged
 from gyre_store.log import RecordedEvent

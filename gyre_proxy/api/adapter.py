@@ -14,7 +14,7 @@ import msgspec
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from gyre_proxy.chat.answerer import ExecutionAuth, KeyResolver
+from gyre_proxy.chat import ExecutionAuth, KeyResolver
 from gyre_proxy.exceptions import InvalidRequest, RequestTooLarge, Unauthorized
 
 T = TypeVar("T")

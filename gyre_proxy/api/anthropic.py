@@ -25,17 +25,15 @@ from gyre_proxy.api.sse import (
     StreamFraming,
     open_stream,
 )
-from gyre_proxy.chat.answerer import (
+from gyre_proxy.chat import (
     Answerer,
-    KeyResolver,
-    MessageStart,
-    StreamEvent,
-)
-from gyre_proxy.chat.messages import (
     Block,
     ChatRequest,
+    KeyResolver,
     Message,
+    MessageStart,
     Role,
+    StreamEvent,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,

@@ -16,17 +16,21 @@ import msgspec
 
 from gyre_proxy.api.errors import anthropic_error_body
 from gyre_proxy.api.sse import named_event
-from gyre_proxy.chat.answerer import (
+from gyre_proxy.chat import (
+    Block,
     BlockKind,
     BlockStart,
     BlockStop,
+    ChatResponse,
     MessageDone,
     MessageStart,
     StreamEvent,
+    TextBlock,
     TextDelta,
+    ThinkingBlock,
     ThinkingDelta,
+    ToolUseBlock,
 )
-from gyre_proxy.chat.messages import Block, ChatResponse, TextBlock, ThinkingBlock, ToolUseBlock
 from gyre_proxy.exceptions import ApiError, InvalidRequest
 
 

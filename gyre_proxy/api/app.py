@@ -20,7 +20,7 @@ from gyre_proxy.api import anthropic as anthropic_api
 from gyre_proxy.api import openai_chat as openai_api
 from gyre_proxy.api.adapter import DEFAULT_MAX_BODY_BYTES, ApiSettings
 from gyre_proxy.api.errors import anthropic_error_response, openai_error_response
-from gyre_proxy.chat.answerer import Answerer, KeyResolver
+from gyre_proxy.chat import Answerer, KeyResolver
 from gyre_proxy.exceptions import ApiError, NotFound
 from gyre_proxy.hosting import ServerThread
 

@@ -14,16 +14,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from gyre_proxy.chat.messages import (
-    Message,
-    Role,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolSpec,
-    ToolUseBlock,
-)
-from gyre_proxy.engines.tokenizer import Tokenizer
+from gyre_proxy.chat import Message, Role, TextBlock, ThinkingBlock, ToolResultBlock, ToolSpec, ToolUseBlock
+from gyre_proxy.engines import Tokenizer
 from gyre_store.catalog import Provenance
 
 TOOLS_PREAMBLE = (

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import msgspec
 
-from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock, ToolUseBlock
+from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolUseBlock
 from gyre_store.catalog import AgentKind, CallPurpose
 from gyre_store.trees import ExecutionContext
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gyre_proxy.chat.messages import (
+from gyre_proxy.chat import (
     ChatRequest,
     Message,
     TextBlock,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gyre_proxy.chat.messages import ChatRequest, Message
+from gyre_proxy.chat import ChatRequest, Message
 from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.harnesses import CallTraits, HarnessPlugin
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gyre_proxy.chat.messages import (
+from gyre_proxy.chat import (
     ChatRequest,
     Message,
     Role,

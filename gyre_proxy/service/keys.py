@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gyre_proxy.chat.answerer import ExecutionAuth
+from gyre_proxy.chat import ExecutionAuth
 from gyre_store.catalog import ApiKeyIssued, ApiKeyRevoked
 from gyre_store.log import EventLog, NewEvent
 

@@ -13,15 +13,17 @@ from types import TracebackType
 
 from starlette.applications import Starlette
 
-from gyre_proxy.answer.pipeline import AnswerPipeline
-from gyre_proxy.answer.routing import Router
-from gyre_proxy.api.app import build_app, proxy_server
-from gyre_proxy.engines.client import EngineClient, EngineClientConfig
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import ClaudeCodeHarness, GenericHarness, HarnessPlugin
-from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.ingest.spool import RecordSpool
+from gyre_proxy.answer import AnswerPipeline, Router
+from gyre_proxy.api import build_app, proxy_server
+from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
+from gyre_proxy.ingest import (
+    ClaudeCodeHarness,
+    GenericHarness,
+    HarnessPlugin,
+    Ingestor,
+    Qwen3Template,
+    RecordSpool,
+)
 from gyre_proxy.service.keys import StoreKeys
 from gyre_store.log import EventLog
 from gyre_store.trees import TrajectoryRecorder

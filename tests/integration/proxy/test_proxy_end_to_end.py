@@ -15,10 +15,8 @@ import numpy as np
 import openai
 import pytest
 
-from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.engines.refengine.model import ModelSource
-from gyre_proxy.service.keys import issue_key, revoke_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.service import ProxyConfig, ProxyService, issue_key, revoke_key
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
 from gyre_store.catalog import Provenance
 from gyre_store.trees import TreeProjection, TreeView

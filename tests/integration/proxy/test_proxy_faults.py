@@ -10,10 +10,8 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from gyre_proxy.engines.refengine import ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.engines.refengine.model import ModelSource
-from gyre_proxy.service.keys import issue_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.service import ProxyConfig, ProxyService, issue_key
 from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig
 from gyre_store.db import migrate
 from gyre_store.log import StreamId

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from gyre_proxy.api.app import KEEP_ALIVE_S, build_app, proxy_server
+from gyre_proxy.api import KEEP_ALIVE_S, build_app, proxy_server
 from gyre_proxy.chat.testing import FakeAnswerer, StaticKeys, text_reply
 
 REQUEST = b"GET /health HTTP/1.1\r\nhost: proxy\r\nconnection: keep-alive\r\n\r\n"

@@ -15,18 +15,20 @@ import httpx
 import openai
 import pytest
 
-from gyre_proxy.api.app import build_app, proxy_server
-from gyre_proxy.chat.answerer import BlockKind, BlockStart, TextDelta
-from gyre_proxy.chat.messages import (
+from gyre_proxy import ContextTooLong, Overloaded, RateLimited
+from gyre_proxy.api import build_app, proxy_server
+from gyre_proxy.chat import (
+    BlockKind,
+    BlockStart,
     ChatResponse,
     StopReason,
     TextBlock,
+    TextDelta,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from gyre_proxy.chat.testing import KEY, FakeAnswerer, Reply, Scripted, StaticKeys, text_reply, tool_reply
-from gyre_proxy.exceptions import ContextTooLong, Overloaded, RateLimited
 
 MODEL = "qwen3-served"
 TOOLS = [

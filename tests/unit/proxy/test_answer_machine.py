@@ -14,14 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.answer.machine import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
-from gyre_proxy.chat.answerer import MessageDone, TextDelta
-from gyre_proxy.chat.messages import ChatRequest, Message, Role, StopReason, TextBlock
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.engines.types import Finish, FinishKind, GenerateDelta
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import GenericHarness
-from gyre_proxy.ingest.ingestor import Ingestor, Prepared
+from gyre_proxy.answer import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
+from gyre_proxy.chat import ChatRequest, Message, MessageDone, Role, StopReason, TextBlock, TextDelta
+from gyre_proxy.engines import Finish, FinishKind, GenerateDelta, qwen_tokenizer
+from gyre_proxy.ingest import GenericHarness, Ingestor, Prepared, Qwen3Template
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import CallFinish
 from gyre_store.trees import PrefixPoint, TrajectoryRecorder

@@ -8,18 +8,23 @@ from typing import Any
 import httpx
 import pytest
 
+from gyre_proxy.api import build_app
 from gyre_proxy.api.adapter import decode_body
 from gyre_proxy.api.anthropic import IMAGE_PLACEHOLDER, MESSAGES_DECODER, to_chat_request
 from gyre_proxy.api.anthropic_answer import StreamEncoder, thinking_signature
-from gyre_proxy.api.app import build_app
-from gyre_proxy.chat.answerer import BlockKind, BlockStart, BlockStop, MessageDone, TextDelta, ThinkingDelta
-from gyre_proxy.chat.messages import (
+from gyre_proxy.chat import (
+    BlockKind,
+    BlockStart,
+    BlockStop,
     ChatRequest,
     ChatResponse,
+    MessageDone,
     Role,
     StopReason,
     TextBlock,
+    TextDelta,
     ThinkingBlock,
+    ThinkingDelta,
     ToolResultBlock,
     ToolUseBlock,
 )

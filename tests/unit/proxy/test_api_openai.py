@@ -8,10 +8,11 @@ from typing import Any
 import httpx
 import pytest
 
+from gyre_proxy import ContextTooLong, InvalidRequest, Overloaded, RateLimited
+from gyre_proxy.api import build_app
 from gyre_proxy.api.adapter import decode_body
-from gyre_proxy.api.app import build_app
 from gyre_proxy.api.openai_chat import COMPLETIONS_DECODER, to_chat_request
-from gyre_proxy.chat.messages import (
+from gyre_proxy.chat import (
     ChatResponse,
     Role,
     StopReason,
@@ -21,7 +22,6 @@ from gyre_proxy.chat.messages import (
     ToolUseBlock,
 )
 from gyre_proxy.chat.testing import KEY, FakeAnswerer, Reply, StaticKeys, text_reply
-from gyre_proxy.exceptions import ContextTooLong, InvalidRequest, Overloaded, RateLimited
 
 pytestmark = pytest.mark.anyio
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gyre_proxy import Overloaded
 from gyre_proxy.api.sse import (
     SSE_HEADERS,
     EventPump,
@@ -19,7 +20,6 @@ from gyre_proxy.api.sse import (
     named_event,
     open_stream,
 )
-from gyre_proxy.exceptions import Overloaded
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gyre_proxy.engines import Finish, FinishKind, SamplingConfig
 from gyre_proxy.engines import wire as engine_api
-from gyre_proxy.engines.types import Finish, FinishKind, SamplingConfig
 
 # An answer as SGLang 0.5 writes it, extra fields included.
 SGLANG_ANSWER = {

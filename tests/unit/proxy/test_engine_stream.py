@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre_proxy.engines import FinishKind
 from gyre_proxy.engines.stream import StreamAccumulator, iter_sse_data
-from gyre_proxy.engines.types import FinishKind
 from gyre_proxy.exceptions import ContextLengthExceeded, EngineProtocolError
 
 

@@ -10,16 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.answer.pipeline import AnswerPipeline
-from gyre_proxy.answer.routing import Router
-from gyre_proxy.chat.answerer import ExecutionAuth
-from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock
+from gyre_proxy.answer import AnswerPipeline, Router
+from gyre_proxy.chat import ChatRequest, ExecutionAuth, Message, Role, TextBlock
+from gyre_proxy.engines import IncrementalText, QwenTokenizer, qwen_tokenizer
 from gyre_proxy.engines.testing import FakeEngine
-from gyre_proxy.engines.tokenizer import IncrementalText, QwenTokenizer, qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import GenericHarness
-from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.ingest.spool import RecordSpool
+from gyre_proxy.ingest import GenericHarness, Ingestor, Qwen3Template, RecordSpool
 from gyre_store import InMemoryEventLog
 from gyre_store.trees import TrajectoryRecorder
 

@@ -7,13 +7,18 @@ import json
 import numpy as np
 import pytest
 
-from gyre_proxy.chat.messages import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import ClaudeCodeHarness, GenericHarness
-from gyre_proxy.ingest.incremental import encode_request, full_messages
-from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from gyre_proxy.engines import qwen_tokenizer
+from gyre_proxy.ingest import (
+    ClaudeCodeHarness,
+    GenericHarness,
+    Ingestor,
+    Qwen3Template,
+    TraceConfig,
+    TraceGenerator,
+    encode_request,
+    full_messages,
+)
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
 from gyre_store.catalog import CallFinish, Provenance, TitoArrays
 from gyre_store.trees import ExecutionContext, TrajectoryRecorder, TreeProjection, TreeView

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gyre_proxy.service.keys import StoreKeys, issue_key, revoke_key
+from gyre_proxy.service import StoreKeys, issue_key, revoke_key
 from gyre_store import InMemoryEventLog
 
 

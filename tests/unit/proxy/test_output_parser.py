@@ -11,18 +11,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_proxy.answer.output_parser import OutputParser, new_tool_use_id, parse_output
-from gyre_proxy.chat.answerer import (
+from gyre_proxy.chat import (
+    Block,
     BlockKind,
     BlockStart,
     BlockStop,
     MessageDone,
+    StopReason,
     StreamEvent,
+    TextBlock,
     TextDelta,
+    ThinkingBlock,
     ThinkingDelta,
     ToolInputDelta,
+    ToolUseBlock,
 )
-from gyre_proxy.chat.messages import Block, StopReason, TextBlock, ThinkingBlock, ToolUseBlock
-from gyre_proxy.engines.types import FinishKind
+from gyre_proxy.engines import FinishKind
 
 
 def ids() -> Callable[[], str]:

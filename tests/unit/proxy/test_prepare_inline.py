@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre_proxy.answer.pipeline import AnswerPipeline
-from gyre_proxy.answer.routing import Router
-from gyre_proxy.chat.answerer import ExecutionAuth
-from gyre_proxy.chat.messages import (
+from gyre_proxy.answer import AnswerPipeline, Router
+from gyre_proxy.chat import (
     ChatRequest,
+    ExecutionAuth,
     Message,
     Role,
     TextBlock,
@@ -21,13 +20,17 @@ from gyre_proxy.chat.messages import (
     ToolUseBlock,
     chain_hashes,
 )
+from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.engines.testing import FakeEngine
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import GenericHarness
-from gyre_proxy.ingest.incremental import encode_request, match_request, output_hash
-from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.ingest.spool import RecordSpool
+from gyre_proxy.ingest import (
+    GenericHarness,
+    Ingestor,
+    Qwen3Template,
+    RecordSpool,
+    encode_request,
+    match_request,
+    output_hash,
+)
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import TitoArrays
 from gyre_store.log import StreamId

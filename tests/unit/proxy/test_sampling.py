@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre_proxy.engines import SamplingConfig
 from gyre_proxy.engines.refengine.sampling import choose
-from gyre_proxy.engines.types import SamplingConfig
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gyre_proxy.answer.routing import Router
+from gyre_proxy.answer import Router
 from gyre_proxy.engines.testing import FakeEngine
-from gyre_proxy.ingest.spool import RecordSpool
+from gyre_proxy.ingest import RecordSpool
 from gyre_store import ExecutionStarted, GyreStoreError, MalformedEvent, NewEvent
 from gyre_store.log import AppendResult
 
