@@ -44,9 +44,8 @@ from gyre_train.cells.membership import CORE, ReducePlan, TakeOver, Wait, plan_r
 from gyre_train.cells.publish import EnginePublisher, EnginePublisherConfig, WeightPublisher
 from gyre_train.cells.replica import CellModel, RankLayout, Replica, layout_of, open_backend
 from gyre_train.cells.transport import WeightTransport, make_transport
-from gyre_train.exceptions import InvalidConfigError
+from gyre_train.exceptions import CellFailedError, InvalidConfigError
 from gyre_train.objective.loss import ExecutionClip, LossConfig
-from gyre_train.streaming_errors import CellFailedError
 from gyre_train.trajectories.packing import MicroStep
 
 T = TypeVar("T")

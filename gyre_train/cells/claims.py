@@ -26,8 +26,8 @@ from gyre_train.cells.wire import (
     encode_clip,
     encode_micro_step,
 )
+from gyre_train.exceptions import ClaimQueueError
 from gyre_train.objective.loss import ExecutionClip
-from gyre_train.streaming_errors import ClaimQueueError
 from gyre_train.trajectories.packing import MicroStep
 
 GROUP = "cells"

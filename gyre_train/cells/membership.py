@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gyre_train.cells.claims import PendingClaim
-from gyre_train.streaming_errors import ContributionError
+from gyre_train.exceptions import ContributionError
 
 CORE = 0
 

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from gyre_train.cells.cell import BurstPlan, CellConfig, run_cell
-from gyre_train.streaming_errors import CellFailedError
+from gyre_train.exceptions import CellFailedError
 
 
 class CellCluster:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 import torch
 
-from gyre_train.streaming_errors import PublicationError
+from gyre_train.exceptions import PublicationError
 
 if TYPE_CHECKING:
     from gyre_proxy.engines.client import EngineClient

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from gyre_train.cells.board import SnapshotBoard, SnapshotDescriptor
-from gyre_train.streaming_errors import WeightTransportError
+from gyre_train.exceptions import WeightTransportError
 
 
 class WeightTransport(Protocol):

@@ -32,7 +32,7 @@ from gyre_proxy.engines.refengine import (
 )
 from gyre_train import EnginePublisher, EnginePublisherConfig
 from gyre_train.backends.pytorch import TrainingBackend
-from gyre_train.streaming_errors import PublicationError
+from gyre_train.exceptions import PublicationError
 
 pytestmark = pytest.mark.integration
 

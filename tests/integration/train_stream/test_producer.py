@@ -36,8 +36,8 @@ from gyre_train.cells.local import train_batch_locally
 from gyre_train.cells.processes import CellCluster
 from gyre_train.cells.producer import ProducerConfig, stream_batch
 from gyre_train.cells.session import TINY_QWEN3, cell_configs
+from gyre_train.exceptions import ProducerTimeoutError
 from gyre_train.objective.loss import LossConfig
-from gyre_train.streaming_errors import ProducerTimeoutError
 from gyre_train.trajectories.packing import MicroStep
 from tests.unit.train.runs import dispatch_group, finish, projections, start
 
