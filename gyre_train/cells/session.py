@@ -23,7 +23,7 @@ import torch
 
 from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
 from gyre_train.cells.cell import BurstPlan, CellConfig
-from gyre_train.cells.claims import QueueConfig, RedisMicroStepQueue
+from gyre_train.cells.claims import MicroStepQueue, QueueConfig, RedisMicroStepQueue
 from gyre_train.cells.processes import CellCluster
 from gyre_train.cells.publish import EnginePublisherConfig
 from gyre_train.cells.replica import CellModel, MegatronCells
@@ -83,7 +83,7 @@ def synthetic_batch(
 
 
 def enqueue_batch(
-    queue: RedisMicroStepQueue,
+    queue: MicroStepQueue,
     steps: Sequence[MicroStep],
     executions: Sequence[ExecutionTotals],
     delay_s: float = 0.0,
