@@ -21,6 +21,8 @@ import numpy as np
 import redis
 import torch
 
+from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG
+from gyre_proxy.engines.weight_sink import free_port
 from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
 from gyre_train.cells.cell import BurstPlan, CellConfig
 from gyre_train.cells.claims import MicroStepQueue, QueueConfig, RedisMicroStepQueue
@@ -150,8 +152,6 @@ def demo_streaming(
     built from `seed`, so the engine and the trainer start equal). Raises CellFailedError when a
     cell fails and PublicationError when the engine refuses the weights.
     """
-    from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG, free_port
-
     config = dict(model_config or DEFAULT_MODEL_CONFIG)
     spec = ModelSpec(config, seed=seed)
     data = SyntheticBatchConfig(vocab_size=min(int(config["vocab_size"]), 256))

@@ -1,18 +1,26 @@
-"""In-memory claim queues and batch board: cells in threads of one process share them in tests.
+"""In-memory claim queues, batch board and weight sink: cells in threads of one process share them.
 
-`InMemoryClaims` is to these what a Redis server is to the Redis adapters: the state of one run's
-queues (one per batch) and its board, with the heartbeats they share, behind one lock. Time comes
-from a `Clock`, so a test can let claims go idle without sleeping. They pass the same contract
-suite as the Redis adapters (tests/unit/train/claims_contract.py); nothing survives the process.
+`InMemoryClaims` is to the queues and the board what a Redis server is to the Redis adapters: the
+state of one run's queues (one per batch) and its board, with the heartbeats they share, behind
+one lock. Time comes from a `Clock`, so a test can let claims go idle without sleeping. They pass
+the contract suite of the Redis adapters (tests/unit/train/claims_contract.py). `InMemoryWeightSink`
+is an engine that keeps the weights it is sent. Nothing survives the process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import torch
+
+from gyre_proxy.engines import EngineError
+from gyre_proxy.engines.weight_sink import BroadcastGroup
+from gyre_proxy.engines.weights import WeightUpdateGroup
 from gyre_train.cells.board import SnapshotDescriptor
 from gyre_train.cells.claims import PendingClaim, Phase, QueueConfig, Task
 from gyre_train.cells.membership import ReducePlan
@@ -283,3 +291,47 @@ class InMemoryBatchBoard:
     def next_pull(self) -> int | None:
         with self._lock:
             return self._pulls.popleft() if self._pulls else None
+
+
+@dataclass
+class InMemoryWeightSink:
+    """A `WeightSink` that keeps what it is sent: `served` holds (policy version, named tensors
+    or the folder they were saved in) per load. With `refuse` set, every call raises it."""
+
+    name: str = "memory"
+    refuse: EngineError | None = None
+    served: list[tuple[int, dict[str, torch.Tensor] | Path]] = field(default_factory=list)
+    groups: dict[str, WeightUpdateGroup] = field(default_factory=dict)
+
+    def _check(self) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+
+    async def load_from_disk(self, path: Path, policy_version: int) -> None:
+        self._check()
+        self.served.append((policy_version, path))
+
+    async def load_tensors(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        self._check()
+        self.served.append((policy_version, {n: t.detach().clone() for n, t in tensors.items()}))
+
+    async def join_group(self, group: BroadcastGroup, rank_offset: int) -> None:
+        self._check()
+        self.groups[group.name] = await asyncio.to_thread(
+            WeightUpdateGroup, master_address=group.master_address, master_port=group.master_port,
+            rank=rank_offset, world_size=group.world_size, group_name=group.name,
+        )  # fmt: skip
+
+    async def receive_broadcast(
+        self, group: BroadcastGroup, tensors: Mapping[str, torch.Tensor], policy_version: int
+    ) -> None:
+        self._check()
+        end = self.groups[group.name]
+
+        def receive() -> dict[str, torch.Tensor]:
+            return {n: end.broadcast(torch.empty(t.shape, dtype=t.dtype)) for n, t in tensors.items()}
+
+        self.served.append((policy_version, await asyncio.to_thread(receive)))
+
+    async def leave_group(self, group: BroadcastGroup) -> None:
+        self.groups.pop(group.name).close()
