@@ -1,7 +1,7 @@
 """A cell's model replica across its ranks: one process, or a Megatron model-parallel group.
 
 A cell is a process group sharing one training layout (paper, "Topology-aware cell organization").
-Its leader (position 0) runs the claim loop in cells.py and talks to Redis and the event log; every
+Its leader (position 0) runs the claim loop (core.py, satellite.py) and talks to the board and the event log; every
 operation on the replica is also an operation of each follower rank on its own shard, so the
 leader broadcasts the command to its cell and then runs it itself, while followers run `follow()`
 until told to stop. Collectives across cells (reducing onto the core, broadcasting new weights,

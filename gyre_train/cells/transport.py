@@ -6,7 +6,7 @@ joining satellite pulls it. `MooncakeTransport` reads the core's registered buff
 (Transfer Engine over TCP on the CPU, RDMA on a cluster), so the core never pauses.
 `TorchDistributedTransport` is the fallback: the satellite asks, and the core answers with a
 point-to-point send between two micro-steps. Broadcasts after an update and publication to
-engines are not here (see cells.py and publish.py).
+engines are not here (see replica.py and publish.py).
 """
 
 from __future__ import annotations
