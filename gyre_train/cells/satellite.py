@@ -27,11 +27,15 @@ def _satellite_batch(cell: Cell, batch: int) -> tuple[ReducePlan, float]:
     loss = 0.0
     while cell.board.plan(batch) is None:
         queue.renew(c.cell, held)
+        # Read before claiming: the clip is stored with every gradient task, so a clip seen
+        # before an empty claim means all of them are handed out. Read after it, pass 2 may have
+        # opened in between, and this cell would drain without claiming any of its tasks.
+        opened = queue.clip() is not None
         task = queue.claim(c.cell) or queue.reclaim(c.cell)
         if task is not None:
             loss += cell.process(queue, task, held, queue.clip() if task.phase is Phase.GRADIENTS else None)
             continue
-        if queue.clip() is not None:
+        if opened:
             break  # every gradient task is handed out: this cell has drained
         time.sleep(c.queue.poll_s)
     cell.board.report_drained(batch, c.cell, held)

@@ -4,7 +4,10 @@ claims behind a dead cell taken over by the core. Each micro-step must count exa
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
+from typing import cast
 
 import pytest
 
@@ -15,10 +18,22 @@ from gyre_store.catalog.training import (
     MicroStepClaimed,
     TrainingUpdate,
 )
-from gyre_train.cells.cell import BurstPlan
-from gyre_train.cells.claims import Phase
-from gyre_train.cells.session import SyntheticBatchConfig, synthetic_batch
-from tests.unit.train.cell_fakes import Batch, CellRun, train_in_threads
+from gyre_train.backends.pytorch import ModelSpec
+from gyre_train.cells.cell import BurstPlan, Cell
+from gyre_train.cells.claims import MicroStepQueue, Phase, QueueConfig, Task
+from gyre_train.cells.local import merge_shares
+from gyre_train.cells.membership import ReducePlan
+from gyre_train.cells.satellite import _satellite_batch
+from gyre_train.cells.session import (
+    TINY_QWEN3,
+    SyntheticBatchConfig,
+    cell_configs,
+    enqueue_batch,
+    synthetic_batch,
+)
+from gyre_train.cells.testing import InMemoryClaims, InMemoryMicroStepQueue
+from gyre_train.objective.loss import ExecutionClip, LossConfig
+from tests.unit.train.cell_fakes import WAIT_S, Batch, CellRun, FakeCollective, FakeReplica, train_in_threads
 
 DATA = SyntheticBatchConfig(groups=4, executions=4, max_rows=2)
 
@@ -124,3 +139,51 @@ def test_claims_of_a_live_satellite_behind_a_dead_one_are_taken_over_by_the_core
     [update] = _updates(run)
     assert (update.cells, update.dropped, update.failed_reductions) == ([0], [2], 0)
     assert run.replicas[2].reductions == []  # dropped: its gradients were discarded, not reduced
+
+
+class _OpensPassTwoAfterAnEmptyClaim:
+    """The batch's queue, with the core opening pass 2 right after the satellite found nothing."""
+
+    def __init__(self, queue: InMemoryMicroStepQueue, clip: ExecutionClip) -> None:
+        self._queue = queue
+        self._clip = clip
+
+    def claim(self, cell: int) -> Task | None:
+        task = self._queue.claim(cell)
+        if task is None and self._queue.clip() is None:
+            self._queue.open_gradients(self._clip)
+        return task
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._queue, name)
+
+
+def test_a_satellite_finding_nothing_just_before_pass_two_opens_does_not_drain_empty() -> None:
+    claims = InMemoryClaims(QueueConfig("fake", claim_timeout_s=5.0, poll_s=0.001))
+    steps, executions = synthetic_batch(7, 0, DATA)
+    queue = claims.queue(0)
+    enqueue_batch(queue, steps, executions)
+    replica = FakeReplica(1, FakeCollective())
+    while (task := queue.claim(0)) is not None:  # pass 1, done by the core
+        queue.put_ratio(replica.ratio(queue.micro_step(task.index)))
+        queue.ack([task.message_id])
+    manifest = queue.manifest()
+    assert manifest is not None
+    clip = merge_shares(queue.ratio_shares(), manifest.summaries(), LossConfig())
+    wrapped = cast(MicroStepQueue, _OpensPassTwoAfterAnEmptyClaim(queue, clip))
+    [config] = [c for c in cell_configs(cells=2, redis_url="", port=0, model=ModelSpec(TINY_QWEN3),
+                                        queue=claims.config, wait_timeout_s=WAIT_S) if c.cell == 1]  # fmt: skip
+    cell = Cell(config, None, lambda _: wrapped, claims.board, replica)
+
+    def plan_once_drained() -> None:
+        while 1 not in claims.board.drained(0):
+            time.sleep(0.001)
+        claims.board.put_plan(ReducePlan(0, (0, 1), ((), ()), (), final=True))
+
+    planner = threading.Thread(target=plan_once_drained)
+    planner.start()
+    _satellite_batch(cell, 0)
+    planner.join()
+    # The clip is stored with every gradient task: this cell must claim them, not report drained.
+    assert sorted(claims.board.drained(0)[1].values()) == list(range(len(steps)))
+    assert sorted(replica.gradients) == list(range(len(steps)))
