@@ -20,22 +20,26 @@ import uuid
 import redis
 
 from gyre_proxy.engines.refengine import free_port
-from gyre_train.backends.pytorch import ModelSpec, TorchBackend
-from gyre_train.cells.board import RedisBatchBoard
-from gyre_train.cells.cell import BurstPlan
-from gyre_train.cells.claims import QueueConfig, RedisMicroStepQueue
-from gyre_train.cells.local import gradient_share, merge_shares, ratio_share, train_batch_locally
-from gyre_train.cells.processes import CellCluster
-from gyre_train.cells.session import (
+from gyre_train.backends import ModelSpec, TorchBackend
+from gyre_train.cells import (
     TINY_QWEN3,
+    BurstPlan,
+    CellCluster,
+    ExecutionTotals,
+    QueueConfig,
+    RedisBatchBoard,
+    RedisMicroStepQueue,
     SyntheticBatchConfig,
     cell_configs,
     enqueue_batch,
+    gradient_share,
+    merge_shares,
+    ratio_share,
     synthetic_batch,
+    train_batch_locally,
 )
-from gyre_train.cells.wire import ExecutionTotals
-from gyre_train.objective.loss import LossConfig
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.objective import LossConfig
+from gyre_train.trajectories import MicroStep
 
 Batch = tuple[list[MicroStep], tuple[ExecutionTotals, ...]]
 

@@ -42,9 +42,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gyre_train.cells.board import RedisBatchBoard
-from gyre_train.cells.claims import QueueConfig
-from gyre_train.cells.transport import MooncakeTransport, TorchDistributedTransport, WeightTransport
+from gyre_train.cells import (
+    MooncakeTransport,
+    QueueConfig,
+    RedisBatchBoard,
+    TorchDistributedTransport,
+    WeightTransport,
+)
 
 HOST = "127.0.0.1"
 CORE, SATELLITE = 0, 1

@@ -1,4 +1,4 @@
-"""Errors raised by gyre_train: one root, one subclass per kind of bad input.
+"""Errors raised by gyre_train: one root, one subclass per kind of failure.
 
 GyreTrainError
  ├── InvalidTreeError          the admission tree or its node tokens are inconsistent
@@ -14,7 +14,14 @@ GyreTrainError
  ├── UnknownExecutionError     an evaluation names an execution that was never dispatched
  ├── ExecutionNotClosedError   an execution was asked for its outcome before it closed
  ├── InvalidEvaluationError    an evaluator's result is malformed, out of range or names an unknown artifact
- └── EvaluatorFailure          an evaluator could not evaluate the preserved state (retryable)
+ ├── EvaluatorFailure          an evaluator could not evaluate the preserved state (retryable)
+ │  streaming training (gyre_train.cells):
+ ├── ClaimQueueError           the claim queue refused an operation
+ ├── ContributionError         the micro-steps reduced into a batch are not each there exactly once
+ ├── WeightTransportError      a weight snapshot could not be exposed or pulled
+ ├── PublicationError          an engine did not take the published weights
+ ├── CellFailedError           a cell process failed or did not finish in time
+ └── ProducerTimeoutError      a batch's groups did not become ready in time
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from gyre_store.catalog import EvaluationErrorKind
 
 
 class GyreTrainError(Exception):
-    """A training-data operation failed."""
+    """A training operation failed."""
 
     def __init__(self, detail: str = "") -> None:
         doc = (type(self).__doc__ or "").strip()
@@ -88,3 +95,27 @@ class InvalidEvaluationError(GyreTrainError):
 
 class EvaluatorFailure(GyreTrainError):
     """The evaluator could not evaluate the preserved state; the evaluation stays pending."""
+
+
+class ClaimQueueError(GyreTrainError):
+    """The claim queue refused an operation."""
+
+
+class ContributionError(GyreTrainError):
+    """The micro-steps reduced into a batch are not each there exactly once."""
+
+
+class WeightTransportError(GyreTrainError):
+    """A weight snapshot could not be exposed or pulled."""
+
+
+class PublicationError(GyreTrainError):
+    """An engine did not take the published weights."""
+
+
+class CellFailedError(GyreTrainError):
+    """A cell process failed or did not finish in time."""
+
+
+class ProducerTimeoutError(GyreTrainError):
+    """A batch's groups did not become ready in time."""

@@ -210,8 +210,14 @@ def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id:
         admit,
         stored_execution,
     )
-    from gyre_train.objective.loss import LossConfig, LossCounters, SequenceRatioAccumulator, step_log
-    from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
+    from gyre_train.objective import (
+        LossConfig,
+        LossCounters,
+        SequenceRatioAccumulator,
+        accumulate_sequence_ratios,
+        micro_step_loss,
+        step_log,
+    )
 
     group, reasons = f"{run_id}-tg", (FinishReason.COMPLETED, FinishReason.HARNESS_TIMEOUT)
     executions = [f"{group}-e{k}" for k in range(len(reasons))]

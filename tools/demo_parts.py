@@ -93,7 +93,7 @@ def proxy_part(log: PostgresEventLog, console: Console, *, executions: int = 3) 
 
 def streaming_part(redis_url: str, database_url: str, console: Console) -> None:
     """A core and a satellite train one batch together and publish to a reference engine."""
-    from gyre_train.cells.session import demo_streaming
+    from gyre_train.cells import demo_streaming
 
     with ReferenceEngineServer(ReferenceEngineConfig()) as engine:
         summary = demo_streaming(redis_url, engine.base_url, database_url=database_url)

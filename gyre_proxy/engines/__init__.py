@@ -35,6 +35,7 @@ from gyre_proxy.exceptions import (
     ScriptError,
     WeightUpdateFailed,
 )
+from gyre_proxy.hosting import free_port
 
 __all__ = [
     "ContextLengthExceeded",
@@ -64,5 +65,6 @@ __all__ = [
     "Tokenizer",
     "WeightUpdate",
     "WeightUpdateFailed",
+    "free_port",
     "qwen_tokenizer",
 ]

@@ -1,0 +1,28 @@
+"""Training backends: the `TrainingBackend` protocol, plain PyTorch for any Hugging Face causal LM,
+and Megatron-core with tensor and pipeline parallelism (on the CPU too), with its GPT-2 export.
+
+A backend computes packed logprobs, accumulates gradients and makes one update; it does not
+reduce across cells (`gyre_train.cells`) or define the loss (`gyre_train.objective`).
+"""
+
+from __future__ import annotations
+
+from gyre_train.backends.megatron import MegatronBackend
+from gyre_train.backends.megatron_cpu import cpu_megatron, megatron_module
+from gyre_train.backends.megatron_export import ExportedModel, gpt2_config, to_gpt2
+from gyre_train.backends.megatron_model import MegatronModelSpec
+from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+
+__all__ = [
+    "ExportedModel",
+    "MegatronBackend",
+    "MegatronModelSpec",
+    "ModelSpec",
+    "OptimizerConfig",
+    "TorchBackend",
+    "TrainingBackend",
+    "cpu_megatron",
+    "gpt2_config",
+    "megatron_module",
+    "to_gpt2",
+]

@@ -7,7 +7,7 @@ Megatron's 1F1B schedule and the last stage broadcasts its logprobs and loss, so
 `TrainingBackend` protocol holds on every rank. Flat vectors are this rank's shard;
 `full_named_tensors` is the TP=1, PP=1 model. Optionally Megatron's distributed optimizer shards
 AdamW's state over the data-parallel ranks. The caller owns `torch.distributed` and the reduction
-across cells (cells.py); without a GPU everything runs inside `megatron_compat.cpu_megatron()`.
+across cells (gyre_train.cells); without a GPU everything runs inside `megatron_cpu.cpu_megatron()`.
 Not here: virtual pipeline stages, expert parallelism, tied embeddings.
 """
 
@@ -41,7 +41,7 @@ from gyre_train.backends.pytorch import (
     make_optimizer,
 )
 from gyre_train.exceptions import InvalidConfigError
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.trajectories import MicroStep
 
 
 @dataclass(eq=False)

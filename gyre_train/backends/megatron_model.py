@@ -4,7 +4,7 @@
 `MegatronModelSpec` describes; `draw_weights` gives every layout the same model by drawing each
 weight at full size from a seed keyed by its TP=1, PP=1 name (`global_names`) and splitting it.
 `stage_inputs` and `packed_logprobs` turn a packed micro-step into Megatron's inputs and its
-logits back into per-token logprobs. Training (passes, update, optimizer) is backend_megatron.py.
+logits back into per-token logprobs. Training (passes, update, optimizer) is megatron.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from gyre_train.backends.megatron_cpu import megatron_module
 from gyre_train.exceptions import InvalidConfigError
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.trajectories import MicroStep
 
 # Megatron-core's name for the RNG stream that tensor-parallel regions fork.
 _MODEL_PARALLEL_RNG = "model-parallel-rng"

@@ -3,7 +3,7 @@
 A cell's backend computes packed logprobs, accumulates gradients micro-step by micro-step, and
 moves parameters and gradients as one flat float32 vector (the unit a snapshot, a reduction or a
 broadcast carries). Only the core calls `apply_update`: it owns the one optimizer. Data parallel
-reduction across cells is in cells.py (gloo on the CPU, NCCL on a GPU).
+reduction across cells is in gyre_train.cells (replica.py, gloo on the CPU).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import torch
 
 from gyre_train.exceptions import InvalidConfigError
-from gyre_train.objective.logprobs import packed_token_logprobs
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.objective import packed_token_logprobs
+from gyre_train.trajectories import MicroStep
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,131 @@
+"""Streaming training: micro-step claims, the batch board, core and satellite cells, weight
+transport between cells and publication to engines, and the processes that run them.
+
+Cells run on seams (`MicroStepQueue`, `BatchBoard`, `CellReplica`, `WeightSink`), with Redis,
+torch.distributed and SGLang adapters and in-memory ones in `testing`. Not here: the training
+data (`gyre_train.trajectories`), the loss (`gyre_train.objective`), models (`gyre_train.backends`).
+"""
+
+from __future__ import annotations
+
+from gyre_train.cells.board import BatchBoard, RedisBatchBoard, SnapshotBoard, SnapshotDescriptor
+from gyre_train.cells.cell import BurstPlan, Cell, CellConfig, CellReplica
+from gyre_train.cells.claims import (
+    MicroStepQueue,
+    PendingClaim,
+    Phase,
+    QueueConfig,
+    RedisMicroStepQueue,
+    Task,
+)
+from gyre_train.cells.core import run_core
+from gyre_train.cells.local import (
+    BatchResult,
+    gradient_share,
+    merge_shares,
+    ratio_share,
+    train_batch_locally,
+)
+from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, plan_reduction
+from gyre_train.cells.processes import CellCluster, run_cell
+from gyre_train.cells.producer import ProducerConfig, stream_batch
+from gyre_train.cells.publish import (
+    EnginePublisher,
+    EnginePublisherConfig,
+    PublicationMethod,
+    PublishableModel,
+    WeightPublisher,
+    WeightSink,
+)
+from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica
+from gyre_train.cells.satellite import run_satellite
+from gyre_train.cells.session import (
+    TINY_QWEN3,
+    DemoSummary,
+    SyntheticBatchConfig,
+    cell_configs,
+    demo_streaming,
+    enqueue_batch,
+    synthetic_batch,
+)
+from gyre_train.cells.testing import (
+    InMemoryBatchBoard,
+    InMemoryClaims,
+    InMemoryMicroStepQueue,
+    InMemoryWeightSink,
+)
+from gyre_train.cells.transport import (
+    MooncakeTransport,
+    TorchDistributedTransport,
+    WeightTransport,
+    make_transport,
+)
+from gyre_train.cells.wire import (
+    BatchManifest,
+    ExecutionTotals,
+    RatioShare,
+    decode_micro_step,
+    encode_micro_step,
+)
+
+__all__ = [
+    "TINY_QWEN3",
+    "BatchBoard",
+    "BatchManifest",
+    "BatchResult",
+    "BurstPlan",
+    "Cell",
+    "CellCluster",
+    "CellConfig",
+    "CellModel",
+    "CellReplica",
+    "DemoSummary",
+    "EnginePublisher",
+    "EnginePublisherConfig",
+    "ExecutionTotals",
+    "InMemoryBatchBoard",
+    "InMemoryClaims",
+    "InMemoryMicroStepQueue",
+    "InMemoryWeightSink",
+    "MegatronCells",
+    "MicroStepQueue",
+    "MooncakeTransport",
+    "PendingClaim",
+    "Phase",
+    "ProducerConfig",
+    "PublicationMethod",
+    "PublishableModel",
+    "QueueConfig",
+    "RankLayout",
+    "RatioShare",
+    "RedisBatchBoard",
+    "RedisMicroStepQueue",
+    "ReducePlan",
+    "Replica",
+    "SnapshotBoard",
+    "SnapshotDescriptor",
+    "SyntheticBatchConfig",
+    "TakeOver",
+    "Task",
+    "TorchDistributedTransport",
+    "Wait",
+    "WeightPublisher",
+    "WeightSink",
+    "WeightTransport",
+    "cell_configs",
+    "decode_micro_step",
+    "demo_streaming",
+    "encode_micro_step",
+    "enqueue_batch",
+    "gradient_share",
+    "make_transport",
+    "merge_shares",
+    "plan_reduction",
+    "ratio_share",
+    "run_cell",
+    "run_core",
+    "run_satellite",
+    "stream_batch",
+    "synthetic_batch",
+    "train_batch_locally",
+]

@@ -1,9 +1,10 @@
-"""The batch board on Redis: membership, the join window, drained reports, the reduce plan,
-heartbeats, and the weight-snapshot descriptor satellites pull from.
+"""The batch board: the `BatchBoard` protocol and its Redis adapter.
 
-Everything a cell must agree on with the others besides the claims themselves. Joining and
-closing the window are atomic against each other, so the members the core reads after closing
-are exactly the cells that will take part. Keys live under the run's prefix.
+Everything a cell must agree on with the others besides the claims themselves: membership, the
+join window, drained reports, the reduce plan, heartbeats, and the weight-snapshot descriptor
+satellites pull from. Joining and closing the window are atomic against each other, so the members
+the core reads after closing are exactly the cells that will take part. `RedisBatchBoard` keeps
+its keys under the run's prefix; the in-memory board is in `testing.py`.
 """
 
 from __future__ import annotations
@@ -40,10 +41,73 @@ class SnapshotDescriptor(msgspec.Struct, frozen=True, array_like=True):
 class SnapshotBoard(Protocol):
     """What a weight transport needs from the board."""
 
-    def put_snapshot(self, descriptor: SnapshotDescriptor) -> None: ...
+    def put_snapshot(self, descriptor: SnapshotDescriptor) -> None:
+        """Core: where its current weights can be read (replaces the previous descriptor)."""
+        ...
+
     def snapshot(self) -> SnapshotDescriptor | None: ...
-    def request_pull(self, cell: int) -> None: ...
-    def next_pull(self) -> int | None: ...
+
+    def request_pull(self, cell: int) -> None:
+        """Satellite: ask the core to send its snapshot (transports that need the core's help)."""
+        ...
+
+    def next_pull(self) -> int | None:
+        """Core: the oldest pull request not yet answered (first in, first out), or None."""
+        ...
+
+
+class BatchBoard(SnapshotBoard, Protocol):
+    """The board of one run (all its batches), as the core and the satellites see it.
+
+    `alive` reads the heartbeats that `MicroStepQueue.renew` writes: a queue and the board of one
+    run share them. Every implementation passes tests/unit/train/claims_contract.py.
+    """
+
+    def open_batch(self, batch: int, policy_version: int) -> None:
+        """The core trains `batch` from weights at `policy_version` (its snapshot is exposed)."""
+        ...
+
+    def opened(self, batch: int) -> int | None:
+        """The policy version `batch` was opened at, or None before."""
+        ...
+
+    def join(self, batch: int, cell: int, policy_version: int) -> bool:
+        """Register `cell` for `batch`; False once the join window has closed."""
+        ...
+
+    def close_window(self, batch: int) -> frozenset[int]:
+        """Close the join window; returns the satellites that joined before it closed."""
+        ...
+
+    def members(self, batch: int) -> frozenset[int]: ...
+
+    def alive(self, cells: Collection[int]) -> frozenset[int]:
+        """The cells whose heartbeat (renewed with their claims) has not expired."""
+        ...
+
+    def report_drained(self, batch: int, cell: int, held: Mapping[str, int]) -> None:
+        """`cell` stops claiming for `batch`; `held` maps its gradient claims to micro-steps."""
+        ...
+
+    def drained(self, batch: int) -> dict[int, dict[str, int]]: ...
+
+    def put_plan(self, plan: ReducePlan) -> None:
+        """Post the batch's reduce plan (a newer attempt replaces the older)."""
+        ...
+
+    def plan(self, batch: int) -> ReducePlan | None: ...
+
+    def put_reduced(self, batch: int, attempt: int) -> None:
+        """The core received the reduction of plan `attempt`; its members' part is done."""
+        ...
+
+    def reduced(self, batch: int) -> int | None: ...
+
+    def put_updated(self, batch: int, policy_version: int) -> None:
+        """The core made the batch's update; satellites may move on."""
+        ...
+
+    def updated(self, batch: int) -> int | None: ...
 
 
 class RedisBatchBoard:
@@ -60,7 +124,6 @@ class RedisBatchBoard:
     # -- batch lifecycle ----------------------------------------------------------------------
 
     def open_batch(self, batch: int, policy_version: int) -> None:
-        """The core trains `batch` from weights at `policy_version` (its snapshot is exposed)."""
         self._redis.set(self._key(batch, "open"), policy_version)
 
     def opened(self, batch: int) -> int | None:
@@ -68,12 +131,10 @@ class RedisBatchBoard:
         return None if value is None else int(value)
 
     def join(self, batch: int, cell: int, policy_version: int) -> bool:
-        """Register `cell` for `batch`; False once the join window has closed."""
         keys = [self._key(batch, "window_closed"), self._key(batch, "members")]
         return bool(self._join(keys=keys, args=[cell, policy_version]))
 
     def close_window(self, batch: int) -> frozenset[int]:
-        """Close the join window; returns the satellites that joined before it closed."""
         self._redis.set(self._key(batch, "window_closed"), 1)
         return self.members(batch)
 
@@ -81,7 +142,6 @@ class RedisBatchBoard:
         return frozenset(int(c) for c in self._redis.hkeys(self._key(batch, "members")))
 
     def alive(self, cells: Collection[int]) -> frozenset[int]:
-        """The cells whose heartbeat (renewed with their claims) has not expired."""
         cells = sorted(cells)
         if not cells:
             return frozenset()
@@ -92,7 +152,6 @@ class RedisBatchBoard:
         return frozenset(c for c, f in zip(cells, found, strict=True) if f)
 
     def report_drained(self, batch: int, cell: int, held: Mapping[str, int]) -> None:
-        """`cell` stops claiming for `batch`; `held` maps its gradient claims to micro-steps."""
         self._redis.hset(self._key(batch, "drained"), str(cell), msgspec.msgpack.encode(dict(held)))
 
     def drained(self, batch: int) -> dict[int, dict[str, int]]:
@@ -107,7 +166,6 @@ class RedisBatchBoard:
         return None if data is None else ReducePlan.decode(data)
 
     def put_reduced(self, batch: int, attempt: int) -> None:
-        """The core received the reduction of plan `attempt`; its members' part is done."""
         self._redis.set(self._key(batch, "reduced"), attempt)
 
     def reduced(self, batch: int) -> int | None:
@@ -115,7 +173,6 @@ class RedisBatchBoard:
         return None if value is None else int(value)
 
     def put_updated(self, batch: int, policy_version: int) -> None:
-        """The core made the batch's update; satellites may move on."""
         self._redis.set(self._key(batch, "updated"), policy_version)
 
     def updated(self, batch: int) -> int | None:

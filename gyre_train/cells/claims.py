@@ -1,12 +1,14 @@
-"""Micro-step claims on Redis: one stream per batch, one consumer group, one claim at a time.
+"""The claim queue of a batch: the `MicroStepQueue` protocol and its Redis adapter.
 
 The packing buffer puts micro-steps (`put`) and closes the batch with its manifest (`close`). A
 task is (phase, micro-step): phase 1 computes the micro-step's pass-1 share (sums of log rho), phase
-2 its gradient; the core enqueues the phase-2 tasks once every pass-1 share is in. Cells claim with
-XREADGROUP COUNT 1, so work is disjoint and faster cells take more. A claim stays pending until its
-result is in the batch: a pass-1 share when it is stored (HSETNX, first write wins), a gradient when
-the core has reduced it. A live cell renews its claims on every loop (heartbeat); a dead cell's
-claims go idle and a live cell takes them over with XAUTOCLAIM after `claim_timeout_s`.
+2 its gradient; the core enqueues the phase-2 tasks once every pass-1 share is in. Cells claim one
+task at a time, so work is disjoint and faster cells take more. A claim stays pending until its
+result is in the batch: a pass-1 share when it is stored (first write wins), a gradient when the
+core has reduced it. A live cell renews its claims on every loop (heartbeat); a dead cell's claims
+go idle and a live cell takes them over after `claim_timeout_s`. `RedisMicroStepQueue` does this
+with one stream and consumer group per batch (XREADGROUP COUNT 1, XAUTOCLAIM); the in-memory
+queue is in `testing.py`.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from gyre_train.cells.wire import (
     encode_clip,
     encode_micro_step,
 )
-from gyre_train.objective.loss import ExecutionClip
-from gyre_train.streaming_errors import ClaimQueueError
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.exceptions import ClaimQueueError
+from gyre_train.objective import ExecutionClip
+from gyre_train.trajectories import MicroStep
 
 GROUP = "cells"
 
@@ -93,27 +95,75 @@ def cell_of(consumer: str) -> int:
 
 
 class MicroStepQueue(Protocol):
-    """The claim queue of one batch, as cells and the packing buffer see it."""
+    """The claim queue of one batch, as cells and the packing buffer see it.
+
+    Every implementation passes the contract suite in tests/unit/train/claims_contract.py.
+    """
 
     @property
     def batch(self) -> int: ...
 
-    def put(self, step: MicroStep) -> None: ...
-    def close(self, manifest: BatchManifest) -> None: ...
-    def manifest(self) -> BatchManifest | None: ...
-    def micro_step(self, index: int) -> MicroStep: ...
-    def claim(self, cell: int) -> Task | None: ...
-    def reclaim(self, cell: int) -> Task | None: ...
-    def renew(self, cell: int, message_ids: Iterable[str]) -> frozenset[str]: ...
-    def take_over(self, cell: int, message_id: str) -> Task | None: ...
-    def ack(self, message_ids: Sequence[str]) -> int: ...
-    def pending(self) -> list[PendingClaim]: ...
-    def put_ratio(self, share: RatioShare) -> bool: ...
-    def ratio_shares(self) -> list[RatioShare]: ...
+    def put(self, step: MicroStep) -> None:
+        """Enqueue a micro-step's pass-1 task; ClaimQueueError for another batch's micro-step."""
+        ...
+
+    def close(self, manifest: BatchManifest) -> None:
+        """The close marker: written after the batch's last micro-step was enqueued."""
+        ...
+
+    def manifest(self) -> BatchManifest | None:
+        """The close marker, or None while the stream is open."""
+        ...
+
+    def micro_step(self, index: int) -> MicroStep:
+        """The micro-step put at `index`; ClaimQueueError when there is none."""
+        ...
+
+    def claim(self, cell: int) -> Task | None:
+        """The next never-delivered task for `cell`, or None when none is left right now."""
+        ...
+
+    def reclaim(self, cell: int) -> Task | None:
+        """Take over one claim idle for at least `claim_timeout_s` (its cell stopped renewing)."""
+        ...
+
+    def renew(self, cell: int, message_ids: Iterable[str]) -> frozenset[str]:
+        """Refresh `cell`'s heartbeat and the claims it still owns; returns those it owns."""
+        ...
+
+    def take_over(self, cell: int, message_id: str) -> Task | None:
+        """Claim one pending entry now, whatever its idle time; None when it is not pending."""
+        ...
+
+    def ack(self, message_ids: Sequence[str]) -> int:
+        """Drop claims whose result is in the batch; returns how many were pending."""
+        ...
+
+    def pending(self) -> list[PendingClaim]:
+        """Every claimed, unacknowledged entry, in queue order."""
+        ...
+
+    def put_ratio(self, share: RatioShare) -> bool:
+        """Store a pass-1 share; False when one was already stored (a redelivered task)."""
+        ...
+
+    def ratio_shares(self) -> list[RatioShare]:
+        """The stored pass-1 shares, by micro-step index."""
+        ...
+
     def ratio_count(self) -> int: ...
-    def open_gradients(self, clip: ExecutionClip) -> None: ...
-    def clip(self) -> ExecutionClip | None: ...
-    def claims_made(self) -> int: ...
+
+    def open_gradients(self, clip: ExecutionClip) -> None:
+        """Store the clip and enqueue one gradient task per micro-step, once, atomically."""
+        ...
+
+    def clip(self) -> ExecutionClip | None:
+        """The batch's clip once pass 2 is open (then every gradient task is enqueued)."""
+        ...
+
+    def claims_made(self) -> int:
+        """How many first deliveries this batch has handed out (join triggers count them)."""
+        ...
 
 
 class RedisMicroStepQueue:
@@ -164,7 +214,6 @@ class RedisMicroStepQueue:
             pipe.execute()
 
     def close(self, manifest: BatchManifest) -> None:
-        """The close marker: written after the batch's last micro-step was enqueued."""
         self._redis.set(self._manifest_key, manifest.encode())
 
     def manifest(self) -> BatchManifest | None:
@@ -182,7 +231,6 @@ class RedisMicroStepQueue:
         return Task(ident, Phase(int(fields[b"phase"])), int(fields[b"index"]), deliveries)
 
     def claim(self, cell: int) -> Task | None:
-        """The next never-delivered task for `cell`, or None when none is left right now."""
         self._ensure_group()
         answer = self._redis.xreadgroup(GROUP, consumer_name(cell), {self.stream_key: ">"}, count=1)
         if not answer:
@@ -230,7 +278,6 @@ class RedisMicroStepQueue:
         return self._task(entries[0][0], fields, deliveries)
 
     def renew(self, cell: int, message_ids: Iterable[str]) -> frozenset[str]:
-        """Refresh `cell`'s heartbeat and the claims it still owns; returns those it owns."""
         self._ensure_group()
         ttl = int(self._config.claim_timeout_s * 1000)
         heartbeat = f"{self._heartbeat_prefix}{cell}"
@@ -258,7 +305,6 @@ class RedisMicroStepQueue:
         ]
 
     def put_ratio(self, share: RatioShare) -> bool:
-        """Store a pass-1 share; False when one was already stored (a redelivered task)."""
         return bool(self._redis.hsetnx(self._ratios_key, str(share.index), share.encode()))
 
     def ratio_shares(self) -> list[RatioShare]:
@@ -288,7 +334,6 @@ class RedisMicroStepQueue:
         return None if data is None else decode_clip(data)
 
     def claims_made(self) -> int:
-        """How many first deliveries this batch has handed out (join triggers count them)."""
         value = self._redis.get(self._claims_key)
         return 0 if value is None else int(value)
 

@@ -10,11 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gyre_train.backends.pytorch import TrainingBackend
+from gyre_train.backends import TrainingBackend
 from gyre_train.cells.wire import RatioShare
-from gyre_train.objective.loss import ExecutionClip, ExecutionSummary, LossConfig, SequenceRatioAccumulator
-from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.objective import (
+    ExecutionClip,
+    ExecutionSummary,
+    LossConfig,
+    SequenceRatioAccumulator,
+    accumulate_sequence_ratios,
+    micro_step_loss,
+)
+from gyre_train.trajectories import MicroStep
 
 
 class _ShareRecorder(SequenceRatioAccumulator):

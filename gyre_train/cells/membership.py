@@ -1,10 +1,10 @@
 """Who reduces a batch: the pure decision the core makes once every gradient task is handed out.
 
 Cells join a batch in index order and form a prefix 0..k-1 (the core is cell 0). When the core
-finds nothing left to claim it closes the join window and calls `plan_reduction` with what Redis
-says (members, heartbeats, drained reports, pending claims). The answer is to wait, to take over
+finds nothing left to claim it closes the join window and calls `plan_reduction` with what the
+board and the queue say (members, heartbeats, drained reports, pending claims). The answer is to wait, to take over
 claims of cells outside the live prefix, or a `ReducePlan`: the prefix that reduces and which
-micro-steps each member holds, each micro-step exactly once. No Redis or torch here.
+micro-steps each member holds, each micro-step exactly once. No I/O, no torch here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gyre_train.cells.claims import PendingClaim
-from gyre_train.streaming_errors import ContributionError
+from gyre_train.exceptions import ContributionError
 
 CORE = 0
 

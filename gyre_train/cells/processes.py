@@ -1,23 +1,80 @@
-"""Starting the K cell processes of a run on one machine, and stopping them.
+"""A cell process and the K of them on one machine: `run_cell` and `CellCluster`.
 
-A `CellCluster` is a context manager over the processes of K cells (one each, or TP x PP each) (forkserver by default: torch is imported
-once in the server, each cell forks from it). It does not decide anything: the cells coordinate
-through Redis and torch.distributed. `kill` sends SIGKILL, the way a cell dies in a crash test.
+`run_cell` is one process's entry point, and the only place the cells' seams are built for real:
+it joins the torch.distributed world of the K cells, opens its backend, and (as a cell's leader)
+connects the Redis claim queues and board, the event log, the weight transport and the
+publisher, then runs the core's or a satellite's loop. A `CellCluster` is a context manager over
+the processes of K cells (one each, or TP x PP each; forkserver by default: torch is imported
+once in the server, each cell forks from it). It decides nothing: the cells coordinate through
+Redis and torch.distributed. `kill` sends SIGKILL, the way a cell dies in a crash test.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import multiprocessing
 import multiprocessing.process
 import os
 import signal
 import time
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
-from gyre_train.cells.cell import BurstPlan, CellConfig, run_cell
-from gyre_train.streaming_errors import CellFailedError
+import redis
+import torch.distributed as dist
+
+from gyre_store import PostgresEventLog, StoreConfig
+from gyre_train.cells.board import RedisBatchBoard
+from gyre_train.cells.cell import BurstPlan, Cell, CellConfig
+from gyre_train.cells.claims import RedisMicroStepQueue
+from gyre_train.cells.core import run_core
+from gyre_train.cells.membership import CORE
+from gyre_train.cells.publish import EnginePublisher
+from gyre_train.cells.replica import Replica, open_backend
+from gyre_train.cells.satellite import run_satellite
+from gyre_train.cells.transport import make_transport
+from gyre_train.exceptions import CellFailedError
+
+
+def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
+    """Entry point of one process: join the world of the K cells, then train as core or satellite
+    (the cell's leader) or mirror the leader's model operations (any other rank of the cell)."""
+    layout = config.layout
+    dist.init_process_group(
+        config.dist_backend,
+        init_method=config.dist_init,
+        rank=layout.rank,
+        world_size=layout.world,
+        timeout=datetime.timedelta(seconds=config.wait_timeout_s),
+    )
+    with contextlib.ExitStack() as stack:
+        stack.callback(dist.destroy_process_group)
+        backend = stack.enter_context(open_backend(config.model, layout, config.optimizer))
+        if not layout.leads:
+            Replica(backend, layout, config.loss, None, None).follow()
+            return
+        client = redis.Redis.from_url(config.redis_url)
+        stack.callback(client.close)
+        log = (
+            stack.enter_context(PostgresEventLog(StoreConfig(config.database_url)))
+            if config.database_url
+            else None
+        )
+        board = RedisBatchBoard(client, config.queue)
+        transport = make_transport(config.transport, board, config.cell)
+        stack.callback(transport.close)
+        # The replica builds one group per participating prefix 2..K, once, on every process.
+        replica = Replica(backend, layout, config.loss, transport, board)
+        stack.callback(replica.stop)  # followers leave `follow()` however the leader ends
+        cell = Cell(config, log, partial(RedisMicroStepQueue, client, config.queue), board, replica)
+        if config.cell == CORE:
+            publisher = stack.enter_context(EnginePublisher(config.engines)) if config.engines else None
+            run_core(cell, bursts, publisher)
+        else:
+            run_satellite(cell, bursts)
 
 
 class CellCluster:
@@ -30,7 +87,7 @@ class CellCluster:
         self._bursts = tuple(bursts)
         self._context: Any = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
-            self._context.set_forkserver_preload(["gyre_train.cells.cell"])
+            self._context.set_forkserver_preload(["gyre_train.cells.processes"])
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._killed: set[int] = set()
 

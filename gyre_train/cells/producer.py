@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 from gyre_train.cells.claims import MicroStepQueue
 from gyre_train.cells.wire import BatchManifest
-from gyre_train.exceptions import InvalidConfigError
-from gyre_train.streaming_errors import ProducerTimeoutError
-from gyre_train.trajectories.packing import BatchPacker, MicroStep, PackingConfig, ReadyGroupSource
+from gyre_train.exceptions import InvalidConfigError, ProducerTimeoutError
+from gyre_train.trajectories import BatchPacker, MicroStep, PackingConfig, ReadyGroupSource
 
 
 @dataclass(frozen=True, slots=True)

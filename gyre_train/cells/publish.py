@@ -1,12 +1,11 @@
 """Publishing the core's weights to rollout engines after the last update of a burst.
 
-Through SGLang's weight-update API, which gyre's reference engine also speaks, by one of three
-methods: `disk` (`save_pretrained` into a folder the engines can read), `tensor` (the payload
-each engine takes: SGLang's shared-memory pickle from the same host, or base64 safetensors
-for the reference engine, chosen from `/model_info`), or `distributed` (one gloo group, this
-process rank 0, broadcasting every tensor to all engines at once). The engine reports the
-new version on every response. The event that records a publication is written by the caller
-(cells.py), not here.
+The publisher sends to `WeightSink`s, one per engine (by default `EngineWeightSink`, SGLang's
+weight-update API, which gyre's reference engine also speaks), by one of three methods: `disk`
+(`save_pretrained` into a folder the engines can read), `tensor` (the named tensors in the
+request) or `distributed` (one gloo group, this process rank 0, broadcasting every tensor to all
+engines at once). The engine reports the new version on every response. The event that records
+a publication is written by the caller (core.py), not here.
 """
 
 from __future__ import annotations
@@ -14,23 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import Protocol, Self
 
 import torch
 
-from gyre_train.streaming_errors import PublicationError
-
-if TYPE_CHECKING:
-    from gyre_proxy.engines.client import EngineClient
-    from gyre_proxy.engines.weights import WeightUpdateGroup
-
-# One engine's part of a publication, given a client for it.
-_Send = Callable[["EngineClient"], Awaitable[object]]
+from gyre_proxy.engines import EngineError, free_port
+from gyre_proxy.engines.weights import (
+    BroadcastGroup,
+    EngineWeightSink,
+    WeightUpdateGroup,
+    open_weight_update_group,
+)
+from gyre_train.exceptions import PublicationError
 
 
 class PublishableModel(Protocol):
@@ -44,6 +43,36 @@ class WeightPublisher(Protocol):
     """Sends the weights of `model` at `policy_version` to every rollout engine."""
 
     def publish(self, model: PublishableModel, policy_version: int) -> None: ...
+
+
+class WeightSink(Protocol):
+    """One rollout engine, as the publisher sees it: where weights go, by each method.
+
+    Every call makes the engine serve the weights as `policy_version` (or, for `join_group` and
+    `leave_group`, changes its membership of a broadcast group). Raises `EngineError` when the
+    engine refuses or cannot be reached.
+    """
+
+    @property
+    def name(self) -> str:
+        """How errors name the engine (its URL)."""
+        ...
+
+    async def load_from_disk(self, path: Path, policy_version: int) -> None: ...
+
+    async def load_tensors(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None: ...
+
+    async def join_group(self, group: BroadcastGroup, rank_offset: int) -> None:
+        """Returns once every rank of the group is in (rank 0 joins meanwhile)."""
+        ...
+
+    async def receive_broadcast(
+        self, group: BroadcastGroup, tensors: Mapping[str, torch.Tensor], policy_version: int
+    ) -> None:
+        """Receive tensors like `tensors`, in their order, from the group's rank 0 (meanwhile)."""
+        ...
+
+    async def leave_group(self, group: BroadcastGroup) -> None: ...
 
 
 class PublicationMethod(StrEnum):
@@ -75,20 +104,25 @@ class EnginePublisherConfig:
 
 @dataclass(frozen=True, slots=True)
 class _Group:
-    """The open broadcast group: this process's end and its name on the engines."""
+    """The open broadcast group: this process's end and what the engines joined."""
 
-    name: str
+    group: BroadcastGroup
     trainer: WeightUpdateGroup
 
 
+# One engine's part of a publication: its index among the sinks, and the sink.
+_Send = Callable[[int, WeightSink], Awaitable[object]]
+
+
 class EnginePublisher:
-    """`WeightPublisher` over the SGLang HTTP API (gyre_proxy's EngineClient).
+    """`WeightPublisher` to the engines of `config` (`sinks`: one per engine, by default an
+    `EngineWeightSink` per URL).
 
     A context manager: `close()` leaves the `distributed` group on the engines; the other
     methods hold nothing between publications.
     """
 
-    def __init__(self, config: EnginePublisherConfig) -> None:
+    def __init__(self, config: EnginePublisherConfig, sinks: Sequence[WeightSink] | None = None) -> None:
         try:
             self._method = PublicationMethod(config.method)
         except ValueError:
@@ -98,12 +132,14 @@ class EnginePublisher:
             ) from None
         if self._method is PublicationMethod.DISK and config.workdir is None:
             raise PublicationError("publication from disk needs a workdir the engines can read")
-        if not config.engine_urls:
+        if sinks is None:
+            sinks = [EngineWeightSink(url, config.timeout_s) for url in config.engine_urls]
+        if not sinks:
             raise PublicationError("publication needs at least one engine URL")
         if config.engine_tp_size < 1:
             raise PublicationError(f"engine_tp_size must be at least 1, got {config.engine_tp_size}")
         self._config = config
-        self._tensor_formats: dict[str, str | None] = {}
+        self._sinks = tuple(sinks)
         self._group: _Group | None = None
 
     def __enter__(self) -> Self:
@@ -119,109 +155,60 @@ class EnginePublisher:
 
         Raises `PublicationError` naming the engine that refused or could not be reached.
         """
-        version = str(policy_version)
         if self._method is PublicationMethod.DISK:
             assert self._config.workdir is not None  # checked in __init__
             path = model.save(self._config.workdir / f"policy-v{policy_version}")
-            asyncio.run(
-                self._each_engine(
-                    lambda client: client.update_weights_from_disk(str(path), weight_version=version)
-                )
-            )
+            asyncio.run(self._each_engine(lambda _, sink: sink.load_from_disk(path, policy_version)))
         elif self._method is PublicationMethod.TENSOR:
             tensors = model.named_tensors()
-            asyncio.run(self._each_engine(lambda client: self._send_tensors(client, tensors, version)))
+            asyncio.run(self._each_engine(lambda _, sink: sink.load_tensors(tensors, policy_version)))
         else:
-            self._broadcast(model.named_tensors(), version)
+            self._broadcast(model.named_tensors(), policy_version)
 
     def close(self) -> None:
         """Leave the broadcast group, if one is open (best effort on the engines' side)."""
-        group, self._group = self._group, None
-        if group is None:
+        opened, self._group = self._group, None
+        if opened is None:
             return
-        from gyre_proxy.exceptions import GyreProxyError
 
-        async def leave(client: EngineClient) -> None:
-            with contextlib.suppress(GyreProxyError):
-                await client.destroy_weights_update_group(group.name)
+        async def leave(_: int, sink: WeightSink) -> None:
+            with contextlib.suppress(EngineError):
+                await sink.leave_group(opened.group)
 
         try:
             asyncio.run(self._all_engines(leave))
         finally:
-            group.trainer.close()
+            opened.trainer.close()
 
     # -- per engine ------------------------------------------------------------------------------
 
-    def _client(self, url: str) -> EngineClient:
-        from gyre_proxy.engines.client import EngineClient, EngineClientConfig
-
-        return EngineClient(EngineClientConfig(base_url=url, timeout_s=self._config.timeout_s))
+    async def _one(self, index: int, send: _Send) -> None:
+        sink = self._sinks[index]
+        try:
+            await send(index, sink)
+        except EngineError as exc:
+            raise PublicationError(f"{sink.name}: {exc}") from exc
 
     async def _each_engine(self, send: _Send) -> None:
         """`send` to the engines one after another; the first failure stops the publication."""
-        from gyre_proxy.exceptions import GyreProxyError
-
-        for url in self._config.engine_urls:
-            try:
-                async with self._client(url) as client:
-                    await send(client)
-            except GyreProxyError as exc:
-                raise PublicationError(f"{url}: {exc}") from exc
+        for index in range(len(self._sinks)):
+            await self._one(index, send)
 
     async def _all_engines(self, send: _Send) -> None:
         """`send` to every engine at once (each blocks until the broadcast completes)."""
-        from gyre_proxy.exceptions import GyreProxyError
-
-        async def one(url: str) -> None:
-            try:
-                async with self._client(url) as client:
-                    await send(client)
-            except GyreProxyError as exc:
-                raise PublicationError(f"{url}: {exc}") from exc
-
-        await asyncio.gather(*(one(url) for url in self._config.engine_urls))
-
-    async def _send_tensors(
-        self, client: EngineClient, tensors: Mapping[str, torch.Tensor], version: str
-    ) -> None:
-        from gyre_proxy.engines.weights import (
-            GYRE_SAFETENSORS_FORMAT,
-            serialize_safetensors,
-            sglang_tensor_payload,
-        )
-
-        url = client.config.base_url
-        if url not in self._tensor_formats:
-            formats = await client.tensor_load_formats()
-            if formats is None:
-                self._tensor_formats[url] = None  # real SGLang: its own pickle, same host
-            elif GYRE_SAFETENSORS_FORMAT in formats:
-                self._tensor_formats[url] = GYRE_SAFETENSORS_FORMAT
-            else:
-                raise PublicationError(f"{url} takes tensor payloads as {formats}, none of which gyre writes")
-        load_format = self._tensor_formats[url]
-        if load_format is None:
-            # Held until the engine answered: it reads the tensors from shared memory meanwhile.
-            with sglang_tensor_payload(tensors) as payload:
-                await client.update_weights_from_tensor([payload], weight_version=version)
-        else:
-            payload = serialize_safetensors(tensors)
-            await client.update_weights_from_tensor(
-                [payload], weight_version=version, load_format=load_format
-            )
+        await asyncio.gather(*(self._one(index, send) for index in range(len(self._sinks))))
 
     # -- distributed -----------------------------------------------------------------------------
 
-    def _broadcast(self, tensors: Mapping[str, torch.Tensor], version: str) -> None:
-        from gyre_proxy.engines.weights import distributed_request
-
-        group = self._group or self._open_group()
-        body = distributed_request(tensors, group_name=group.name, weight_version=version)
+    def _broadcast(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        opened = self._group or self._open_group()
 
         async def send_all() -> None:
             await asyncio.gather(
-                asyncio.to_thread(group.trainer.send_all, tensors),
-                self._all_engines(lambda client: client.update_weights_from_distributed(body)),
+                asyncio.to_thread(opened.trainer.send_all, tensors),
+                self._all_engines(
+                    lambda _, sink: sink.receive_broadcast(opened.group, tensors, policy_version)
+                ),
             )
 
         try:
@@ -229,38 +216,29 @@ class EnginePublisher:
         except (PublicationError, RuntimeError) as exc:  # RuntimeError: gloo's own errors
             # A half-finished broadcast leaves the group out of step: start a new one next time.
             self.close()
-            raise PublicationError(f"broadcast of version {version} failed: {exc}") from exc
+            raise PublicationError(f"broadcast of version {policy_version} failed: {exc}") from exc
 
     def _open_group(self) -> _Group:
-        from gyre_proxy.engines.refengine import free_port
-        from gyre_proxy.engines.weights import open_weight_update_group
-        from gyre_proxy.engines.wire import InitWeightsUpdateGroupRequest
-
         c = self._config
-        name = f"gyre-publish-{uuid.uuid4().hex[:12]}"
-        port = c.master_port or free_port(c.master_address)
-        world_size = 1 + len(c.engine_urls) * c.engine_tp_size
-        ranks = {url: 1 + index * c.engine_tp_size for index, url in enumerate(c.engine_urls)}
+        group = BroadcastGroup(
+            name=f"gyre-publish-{uuid.uuid4().hex[:12]}",
+            master_address=c.master_address,
+            master_port=c.master_port or free_port(c.master_address),
+            world_size=1 + len(self._sinks) * c.engine_tp_size,
+        )
 
-        def join(client: EngineClient) -> Awaitable[None]:
-            body = InitWeightsUpdateGroupRequest(
-                master_address=c.master_address,
-                master_port=port,
-                rank_offset=ranks[client.config.base_url],
-                world_size=world_size,
-                group_name=name,
-                backend="gloo",
-            )
-            return client.init_weights_update_group(body)
+        def join(index: int, sink: WeightSink) -> Awaitable[None]:
+            return sink.join_group(group, rank_offset=1 + index * c.engine_tp_size)
 
         try:
             trainer = asyncio.run(
                 open_weight_update_group(
-                    self._all_engines(join), master_address=c.master_address, master_port=port,
-                    world_size=world_size, group_name=name, timeout_s=c.timeout_s,
+                    self._all_engines(join), master_address=group.master_address,
+                    master_port=group.master_port, world_size=group.world_size, group_name=group.name,
+                    timeout_s=c.timeout_s,
                 )
             )  # fmt: skip
         except RuntimeError as exc:  # torch.distributed's store and gloo errors
-            raise PublicationError(f"cannot open the broadcast group {name}: {exc}") from exc
-        self._group = _Group(name, trainer)
+            raise PublicationError(f"cannot open the broadcast group {group.name}: {exc}") from exc
+        self._group = _Group(group, trainer)
         return self._group

@@ -1,7 +1,7 @@
 """A cell's model replica across its ranks: one process, or a Megatron model-parallel group.
 
 A cell is a process group sharing one training layout (paper, "Topology-aware cell organization").
-Its leader (position 0) runs the claim loop in cells.py and talks to Redis and the event log; every
+Its leader (position 0) runs the claim loop (core.py, satellite.py) and talks to the board and the event log; every
 operation on the replica is also an operation of each follower rank on its own shard, so the
 leader broadcasts the command to its cell and then runs it itself, while followers run `follow()`
 until told to stop. Collectives across cells (reducing onto the core, broadcasting new weights,
@@ -22,10 +22,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gyre_train.backends.megatron import MegatronBackend, MegatronModelSpec
-from gyre_train.backends.megatron_cpu import megatron_module
-from gyre_train.backends.megatron_export import to_gpt2
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.backends import (
+    MegatronBackend,
+    MegatronModelSpec,
+    ModelSpec,
+    OptimizerConfig,
+    TorchBackend,
+    TrainingBackend,
+    megatron_module,
+    to_gpt2,
+)
 from gyre_train.cells.board import SnapshotBoard, SnapshotDescriptor
 from gyre_train.cells.local import gradient_share, ratio_share
 from gyre_train.cells.membership import CORE, ReducePlan
@@ -33,8 +39,8 @@ from gyre_train.cells.publish import WeightPublisher
 from gyre_train.cells.transport import WeightTransport, wait_for_snapshot
 from gyre_train.cells.wire import RatioShare
 from gyre_train.exceptions import InvalidConfigError
-from gyre_train.objective.loss import ExecutionClip, LossConfig
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.objective import ExecutionClip, LossConfig
+from gyre_train.trajectories import MicroStep
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,15 +21,16 @@ import numpy as np
 import redis
 import torch
 
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_proxy.engines import free_port
+from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG
+from gyre_train.backends import ModelSpec, OptimizerConfig, TorchBackend
 from gyre_train.cells.cell import BurstPlan, CellConfig
-from gyre_train.cells.claims import QueueConfig, RedisMicroStepQueue
+from gyre_train.cells.claims import MicroStepQueue, QueueConfig, RedisMicroStepQueue
 from gyre_train.cells.processes import CellCluster
 from gyre_train.cells.publish import EnginePublisherConfig
 from gyre_train.cells.replica import CellModel, MegatronCells
 from gyre_train.cells.wire import BatchManifest, ExecutionTotals
-from gyre_train.trajectories.packing import BatchPacker, MicroStep, PackingConfig, ReadyGroup
-from gyre_train.trajectories.rows import ExecutionRows
+from gyre_train.trajectories import BatchPacker, ExecutionRows, MicroStep, PackingConfig, ReadyGroup
 from gyre_train.trajectories.testing import synthetic_rows
 
 TINY_QWEN3: dict[str, Any] = {
@@ -83,7 +84,7 @@ def synthetic_batch(
 
 
 def enqueue_batch(
-    queue: RedisMicroStepQueue,
+    queue: MicroStepQueue,
     steps: Sequence[MicroStep],
     executions: Sequence[ExecutionTotals],
     delay_s: float = 0.0,
@@ -150,8 +151,6 @@ def demo_streaming(
     built from `seed`, so the engine and the trainer start equal). Raises CellFailedError when a
     cell fails and PublicationError when the engine refuses the weights.
     """
-    from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG, free_port
-
     config = dict(model_config or DEFAULT_MODEL_CONFIG)
     spec = ModelSpec(config, seed=seed)
     data = SyntheticBatchConfig(vocab_size=min(int(config["vocab_size"]), 256))

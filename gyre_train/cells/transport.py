@@ -6,7 +6,7 @@ joining satellite pulls it. `MooncakeTransport` reads the core's registered buff
 (Transfer Engine over TCP on the CPU, RDMA on a cluster), so the core never pauses.
 `TorchDistributedTransport` is the fallback: the satellite asks, and the core answers with a
 point-to-point send between two micro-steps. Broadcasts after an update and publication to
-engines are not here (see cells.py and publish.py).
+engines are not here (see replica.py and publish.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from gyre_train.cells.board import SnapshotBoard, SnapshotDescriptor
-from gyre_train.streaming_errors import WeightTransportError
+from gyre_train.exceptions import WeightTransportError
 
 
 class WeightTransport(Protocol):

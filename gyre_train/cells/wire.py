@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_train.exceptions import InvalidLossInputError
-from gyre_train.objective.loss import ExecutionClip, ExecutionSummary
-from gyre_train.trajectories.packing import MicroStep, RowKey
+from gyre_train.objective import ExecutionClip, ExecutionSummary
+from gyre_train.trajectories import MicroStep, RowKey
 
 
 class _MicroStepWire(msgspec.Struct, frozen=True, array_like=True):

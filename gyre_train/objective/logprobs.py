@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.objective.packed import PackedStep
 
 
 def block_causal_mask(row_starts: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[1, 1, T, T] additive mask: 0 where query i may attend key j (same row, j <= i), else min.
 
-    row_starts: [R + 1] cumulative row boundaries, as in MicroStep.
+    row_starts: [R + 1] cumulative row boundaries, as in PackedStep.
     """
     lengths = np.diff(row_starts)  # [R]
     segment = torch.tensor(np.repeat(np.arange(lengths.shape[0]), lengths), device=device)  # [T]
@@ -28,7 +28,7 @@ def block_causal_mask(row_starts: np.ndarray, dtype: torch.dtype, device: torch.
     return mask[None, None]
 
 
-def packed_token_logprobs(model: torch.nn.Module, step: MicroStep) -> torch.Tensor:
+def packed_token_logprobs(model: torch.nn.Module, step: PackedStep) -> torch.Tensor:
     """[T] log pi_theta(token_k | earlier tokens of its row); 0 at each row's first token.
 
     Runs one forward pass with gradients enabled (wrap in torch.no_grad() for pass 1). The model

@@ -1,12 +1,18 @@
-"""The loss of packed micro-steps: pass 1 and pass 2 of `loss.py` fed from MicroStep arrays.
+"""The loss of packed micro-steps: pass 1 and pass 2 of `loss.py` fed from micro-step arrays.
 
 Given the policy's per-token logprobs of a micro-step (from `logprobs.py` or any backend), this
-selects the targets and gathers A_i, m_i and 1/(L_i * B*N) per token. It holds no model, no
-optimizer and no cross-cell reduction (merge SequenceRatioAccumulator instances for that).
+selects the targets and gathers A_i, m_i and 1/(L_i * B*N) per token. A micro-step is anything
+shaped like `PackedStep` (the packer's `MicroStep` is one), so the objective sits below the
+packer. It holds no model, no optimizer and no cross-cell reduction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from gyre_train.exceptions import InvalidLossInputError
@@ -18,10 +24,42 @@ from gyre_train.objective.loss import (
     log_ratio_sums,
     token_loss,
 )
-from gyre_train.trajectories.packing import MicroStep
 
 
-def _targets(step: MicroStep, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class PackedStep(Protocol):
+    """Rows packed into one micro-step, as the objective reads them (see `MicroStep`)."""
+
+    @property
+    def execution_ids(self) -> Sequence[str]: ...  # [E] executions present
+
+    @property
+    def execution_advantages(self) -> npt.NDArray[np.float64]: ...  # [E] A_i
+
+    @property
+    def token_ids(self) -> npt.NDArray[np.int32]: ...  # [T]
+
+    @property
+    def position_ids(self) -> npt.NDArray[np.int32]: ...  # [T], restarting at 0 on every row
+
+    @property
+    def row_starts(self) -> npt.NDArray[np.int32]: ...  # [R + 1] row boundaries
+
+    @property
+    def target_mask(self) -> npt.NDArray[np.bool_]: ...  # [T]
+
+    @property
+    def behaviour_logprobs(self) -> npt.NDArray[np.float32]: ...  # [T], 0 at non-targets
+
+    @property
+    def slots(self) -> npt.NDArray[np.int32]: ...  # [T] index into execution_ids
+
+    @property
+    def coefficients(self) -> npt.NDArray[np.float64]: ...  # [T] 1/(L_i * B*N) at targets
+
+    def __len__(self) -> int: ...  # T
+
+
+def _targets(step: PackedStep, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if tuple(logprobs.shape) != (len(step),):
         raise InvalidLossInputError(
             f"logprobs has shape {tuple(logprobs.shape)}, micro-step has {len(step)} tokens"
@@ -34,7 +72,7 @@ def _targets(step: MicroStep, logprobs: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def accumulate_sequence_ratios(
-    step: MicroStep, logprobs: torch.Tensor, accumulator: SequenceRatioAccumulator
+    step: PackedStep, logprobs: torch.Tensor, accumulator: SequenceRatioAccumulator
 ) -> None:
     """Pass 1: add this micro-step's per-execution sums of log rho_u (no gradient)."""
     logp_new, logp_roll, slots = _targets(step, logprobs.detach())
@@ -44,7 +82,7 @@ def accumulate_sequence_ratios(
 
 
 def micro_step_loss(
-    step: MicroStep, logprobs: torch.Tensor, clip: ExecutionClip, config: LossConfig
+    step: PackedStep, logprobs: torch.Tensor, clip: ExecutionClip, config: LossConfig
 ) -> MicroStepLoss:
     """Pass 2: this micro-step's share of the batch loss; backward() on each share and sum grads.
 

@@ -29,7 +29,7 @@ from gyre_store.catalog import FinishReason
 from gyre_store.projections import Row
 from gyre_store.trees import TreeProjection, TreeView
 from gyre_train.exceptions import GroupNotTrainableError, UnknownGroupError
-from gyre_train.rewards.advantages import AdvantageConfig, ExecutionReward, RewardStatus, group_advantages
+from gyre_train.rewards import AdvantageConfig, ExecutionReward, RewardStatus, group_advantages
 from gyre_train.trajectories.admission import AdmissionConfig, admission_rng, admit
 from gyre_train.trajectories.packing import GroupTicket, ReadyGroup
 from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows

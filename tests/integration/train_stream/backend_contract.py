@@ -16,14 +16,20 @@ from typing import Any
 
 import torch
 
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
-from gyre_train.cells.local import gradient_share, merge_shares, ratio_share, train_batch_locally
-from gyre_train.cells.session import TINY_QWEN3, SyntheticBatchConfig, synthetic_batch
-from gyre_train.cells.wire import ExecutionTotals
-from gyre_train.exceptions import InvalidConfigError
-from gyre_train.objective.loss import LossConfig
-from gyre_train.objective.packed import micro_step_loss
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train import InvalidConfigError
+from gyre_train.backends import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.cells import (
+    TINY_QWEN3,
+    ExecutionTotals,
+    SyntheticBatchConfig,
+    gradient_share,
+    merge_shares,
+    ratio_share,
+    synthetic_batch,
+    train_batch_locally,
+)
+from gyre_train.objective import LossConfig, micro_step_loss
+from gyre_train.trajectories import MicroStep
 from tests.integration.train_stream.gloo import gloo_world
 
 DATA = SyntheticBatchConfig(groups=2, executions=2, max_rows=2, vocab_size=128, token_budget=48)
@@ -245,7 +251,7 @@ class MegatronLayout:
 
 
 def _megatron_subject(layout: MegatronLayout) -> BackendUnderTest:
-    from gyre_train.backends.megatron import MegatronBackend, MegatronModelSpec
+    from gyre_train.backends import MegatronBackend, MegatronModelSpec
 
     spec = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=3)
 

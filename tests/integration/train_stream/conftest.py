@@ -9,7 +9,7 @@ from collections.abc import Iterator, Set
 import pytest
 import redis
 
-from gyre_train.cells.board import RedisBatchBoard
+from gyre_train.cells import RedisBatchBoard
 
 
 @pytest.fixture

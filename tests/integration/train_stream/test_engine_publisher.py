@@ -30,9 +30,9 @@ from gyre_proxy.engines.refengine import (
     load_model,
     save_model_dir,
 )
-from gyre_train.backends.pytorch import TrainingBackend
-from gyre_train.cells.publish import EnginePublisher, EnginePublisherConfig
-from gyre_train.streaming_errors import PublicationError
+from gyre_train import PublicationError
+from gyre_train.backends import TrainingBackend
+from gyre_train.cells import EnginePublisher, EnginePublisherConfig
 
 pytestmark = pytest.mark.integration
 

@@ -20,12 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gyre_proxy.engines.refengine import free_port
-from gyre_train.backends.megatron_cpu import megatron_module
-from gyre_train.backends.pytorch import OptimizerConfig
-from gyre_train.cells.local import gradient_share, merge_shares, ratio_share
-from gyre_train.cells.session import SyntheticBatchConfig, synthetic_batch
-from gyre_train.exceptions import InvalidConfigError
-from gyre_train.objective.loss import LossConfig
+from gyre_train import InvalidConfigError
+from gyre_train.backends import OptimizerConfig, megatron_module
+from gyre_train.cells import SyntheticBatchConfig, gradient_share, merge_shares, ratio_share, synthetic_batch
+from gyre_train.objective import LossConfig
 from tests.integration.train_stream.gloo import gloo_world
 
 pytestmark = [
@@ -112,7 +110,7 @@ def _train_one_batch(backend: Any, optimizer_state: bool) -> dict[str, Any]:
 
 def _world(rank: int, port: int, layout: Layout, output: str) -> None:
     """One rank: init gloo, one batch per optimizer; rank 0 saves what it saw."""
-    from gyre_train.backends.megatron import MegatronBackend, MegatronModelSpec
+    from gyre_train.backends import MegatronBackend, MegatronModelSpec
 
     with gloo_world(rank, layout.world, port):
         spec = MegatronModelSpec(vocab_size=DATA.vocab_size, hidden_size=32, seed=7)
@@ -211,7 +209,7 @@ def test_distributed_optimizer_shards_its_state(trained: dict[str, list[dict[str
 def test_cpu_megatron_redirects_cuda_only_inside_the_block() -> None:
     import warnings
 
-    from gyre_train.backends.megatron_cpu import cpu_megatron
+    from gyre_train.backends import cpu_megatron
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Megatron warns about Apex and Transformer Engine.

@@ -27,24 +27,24 @@ from gyre_store.catalog import (
     MicroStepClaimed,
     TrainingUpdate,
 )
-from gyre_train.backends.megatron import MegatronModelSpec
-from gyre_train.backends.megatron_export import gpt2_config, to_gpt2
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig
-from gyre_train.cells.board import RedisBatchBoard
-from gyre_train.cells.cell import BurstPlan
-from gyre_train.cells.claims import QueueConfig, RedisMicroStepQueue
-from gyre_train.cells.processes import CellCluster
-from gyre_train.cells.publish import EnginePublisherConfig
-from gyre_train.cells.replica import MegatronCells, RankLayout
-from gyre_train.cells.session import (
+from gyre_train import InvalidConfigError
+from gyre_train.backends import MegatronModelSpec, ModelSpec, OptimizerConfig, gpt2_config, to_gpt2
+from gyre_train.cells import (
     TINY_QWEN3,
+    BurstPlan,
+    CellCluster,
+    EnginePublisherConfig,
+    MegatronCells,
+    QueueConfig,
+    RankLayout,
+    RedisBatchBoard,
+    RedisMicroStepQueue,
     SyntheticBatchConfig,
     cell_configs,
     enqueue_batch,
     synthetic_batch,
 )
-from gyre_train.exceptions import InvalidConfigError
-from gyre_train.objective.loss import LossConfig
+from gyre_train.objective import LossConfig
 from tests.integration.train_stream.conftest import wait_for_members
 from tests.integration.train_stream.gloo import gloo_world
 
@@ -70,8 +70,8 @@ def _reference(
     rank: int, data: SyntheticBatchConfig, seed: int, batch_count: int, port: int, output: str
 ) -> None:
     """One process, TP=1: train each whole batch in turn, save the weights after each update."""
-    from gyre_train.backends.megatron import MegatronBackend
-    from gyre_train.cells.local import train_batch_locally
+    from gyre_train.backends import MegatronBackend
+    from gyre_train.cells import train_batch_locally
 
     with gloo_world(rank, 1, port), MegatronBackend(SPEC, OPTIMIZER) as backend:
         states = [backend.full_named_tensors()]

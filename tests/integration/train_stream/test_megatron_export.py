@@ -15,11 +15,10 @@ import torch
 import torch.multiprocessing as mp
 
 from gyre_proxy.engines.refengine import free_port
-from gyre_train.backends.megatron import MegatronModelSpec
-from gyre_train.backends.megatron_export import to_gpt2
-from gyre_train.cells.session import SyntheticBatchConfig, synthetic_batch
-from gyre_train.exceptions import InvalidConfigError
-from gyre_train.objective.logprobs import packed_token_logprobs
+from gyre_train import InvalidConfigError
+from gyre_train.backends import MegatronModelSpec, to_gpt2
+from gyre_train.cells import SyntheticBatchConfig, synthetic_batch
+from gyre_train.objective import packed_token_logprobs
 from tests.integration.train_stream.gloo import gloo_world
 
 pytestmark = [
@@ -35,7 +34,7 @@ DATA = SyntheticBatchConfig(groups=1, executions=3, max_rows=2, vocab_size=128)
 
 
 def _megatron(rank: int, port: int, output: str) -> None:
-    from gyre_train.backends.megatron import MegatronBackend
+    from gyre_train.backends import MegatronBackend
 
     with gloo_world(rank, 1, port), MegatronBackend(SPEC) as backend:
         steps, _ = synthetic_batch(2, 0, DATA)

@@ -26,18 +26,22 @@ from gyre_train import (
     GroupSourceConfig,
     PackingConfig,
     PreservedState,
+    ProducerTimeoutError,
     StoreGroupSource,
 )
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
-from gyre_train.cells.cell import BurstPlan
-from gyre_train.cells.claims import RedisMicroStepQueue
-from gyre_train.cells.local import train_batch_locally
-from gyre_train.cells.processes import CellCluster
-from gyre_train.cells.producer import ProducerConfig, stream_batch
-from gyre_train.cells.session import TINY_QWEN3, cell_configs
-from gyre_train.objective.loss import LossConfig
-from gyre_train.streaming_errors import ProducerTimeoutError
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.backends import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.cells import (
+    TINY_QWEN3,
+    BurstPlan,
+    CellCluster,
+    ProducerConfig,
+    RedisMicroStepQueue,
+    cell_configs,
+    stream_batch,
+    train_batch_locally,
+)
+from gyre_train.objective import LossConfig
+from gyre_train.trajectories import MicroStep
 from tests.unit.train.runs import dispatch_group, finish, projections, start
 
 RUN = "producer-run"
@@ -136,7 +140,7 @@ def test_a_batch_short_of_groups_times_out_with_its_stream_open(
 ) -> None:
     source, runner = _source(pg_log)
     _finish_group(pg_log, runner, "p-g0")
-    from gyre_train.cells.claims import QueueConfig
+    from gyre_train.cells import QueueConfig
 
     queue = RedisMicroStepQueue(redis_client, QueueConfig(prefix), 0)
     with pytest.raises(ProducerTimeoutError, match="1 of 2 groups"):

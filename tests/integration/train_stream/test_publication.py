@@ -9,7 +9,7 @@ import httpx
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
 from gyre_store import PostgresEventLog, WeightsPublished, iterate
-from gyre_train.cells.session import demo_streaming
+from gyre_train.cells import demo_streaming
 
 PROMPT = {"input_ids": [257, 72, 105, 258, 257], "return_logprob": True,
           "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}  # fmt: skip

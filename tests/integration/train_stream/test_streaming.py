@@ -26,22 +26,24 @@ from gyre_store.catalog import (
     MicroStepClaimed,
     TrainingUpdate,
 )
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend
-from gyre_train.cells.board import RedisBatchBoard
-from gyre_train.cells.cell import BurstPlan
-from gyre_train.cells.claims import Phase, QueueConfig, RedisMicroStepQueue
-from gyre_train.cells.local import train_batch_locally
-from gyre_train.cells.processes import CellCluster
-from gyre_train.cells.session import (
+from gyre_train.backends import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.cells import (
     TINY_QWEN3,
+    BurstPlan,
+    CellCluster,
+    ExecutionTotals,
+    Phase,
+    QueueConfig,
+    RedisBatchBoard,
+    RedisMicroStepQueue,
     SyntheticBatchConfig,
     cell_configs,
     enqueue_batch,
     synthetic_batch,
+    train_batch_locally,
 )
-from gyre_train.cells.wire import ExecutionTotals
-from gyre_train.objective.loss import LossConfig
-from gyre_train.trajectories.packing import MicroStep
+from gyre_train.objective import LossConfig
+from gyre_train.trajectories import MicroStep
 from tests.integration.train_stream.conftest import wait_for_members
 
 SPEC = ModelSpec(TINY_QWEN3, seed=3)

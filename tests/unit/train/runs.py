@@ -5,11 +5,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from gyre_proxy.engines.tokenizer import qwen_tokenizer
-from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import ClaudeCodeHarness
-from gyre_proxy.ingest.ingestor import Ingestor
-from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
+from gyre_proxy.engines import qwen_tokenizer
+from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import (
     EventLog,
     ExecutionDispatched,

@@ -5,11 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre_train.cells.claims import PendingClaim
+from gyre_train import ContributionError
+from gyre_train.cells import PendingClaim, decode_micro_step, encode_micro_step, synthetic_batch
 from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, live_prefix, plan_reduction
-from gyre_train.cells.session import synthetic_batch
-from gyre_train.cells.wire import decode_micro_step, encode_micro_step
-from gyre_train.streaming_errors import ContributionError
 
 
 def _pending(*owners: tuple[str, int]) -> list[PendingClaim]:

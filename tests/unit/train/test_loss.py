@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_train import InvalidConfigError, InvalidLossInputError, execution_coefficient
-from gyre_train.objective.loss import (
+from gyre_train.objective import (
     LossConfig,
     LossCounters,
     SequenceRatioAccumulator,

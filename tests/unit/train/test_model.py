@@ -9,9 +9,14 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gyre_train import BatchPacker, ExecutionRows, MicroStep, PackingConfig, ReadyGroup, TokenRow
-from gyre_train.objective.logprobs import block_causal_mask, packed_token_logprobs
-from gyre_train.objective.loss import LossConfig, SequenceRatioAccumulator
-from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
+from gyre_train.objective import (
+    LossConfig,
+    SequenceRatioAccumulator,
+    accumulate_sequence_ratios,
+    block_causal_mask,
+    micro_step_loss,
+    packed_token_logprobs,
+)
 from gyre_train.trajectories.testing import synthetic_rows
 
 VOCAB = 97

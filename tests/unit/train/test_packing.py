@@ -20,8 +20,12 @@ from gyre_train import (
     UnknownGroupError,
     select_oldest,
 )
-from gyre_train.objective.loss import LossConfig, SequenceRatioAccumulator
-from gyre_train.objective.packed import accumulate_sequence_ratios, micro_step_loss
+from gyre_train.objective import (
+    LossConfig,
+    SequenceRatioAccumulator,
+    accumulate_sequence_ratios,
+    micro_step_loss,
+)
 from gyre_train.trajectories.testing import InMemoryGroupSource, synthetic_group
 
 N = 4

@@ -1,0 +1,171 @@
+"""The core's side of streaming training: claim until nothing is left, plan, reduce, update.
+
+When the core finds nothing left to claim it closes the join window, plans the reduction
+(membership.py), reduces the prefix's gradients onto itself, makes the batch's one update, then
+broadcasts to the prefix (non-final update of a burst) or publishes to the engines (final update).
+A member that dies inside the reduction fails it; the core then waits out that member's heartbeat,
+takes its claims over and plans again, counting the failed attempts in the update's event.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gyre_store.catalog import (
+    CellRole,
+    ContributionAccepted,
+    TrainingUpdate,
+    WeightsPublished,
+    contribution_key,
+)
+from gyre_store.log import Event
+from gyre_train.cells.cell import BurstPlan, Cell
+from gyre_train.cells.local import merge_shares
+from gyre_train.cells.membership import CORE, ReducePlan, TakeOver, Wait, plan_reduction
+from gyre_train.cells.publish import WeightPublisher
+from gyre_train.objective import ExecutionClip
+
+
+@dataclass
+class _CoreProgress:
+    """What the core has accumulated of one batch, kept across reduction attempts."""
+
+    held: dict[str, int] = field(default_factory=dict)
+    clip: ExecutionClip | None = None
+    loss: float = 0.0
+    attempt: int = 0
+
+
+def _core_batch(cell: Cell, batch: int, final: bool, progress: _CoreProgress) -> ReducePlan:
+    """Claim and compute until every task is handed out, then plan the reduction."""
+    queue, c = cell.queue(batch), cell.config
+    held = progress.held
+    while True:
+        clip = progress.clip
+        queue.renew(CORE, held)
+        cell.replica.serve()
+        task = queue.claim(CORE) or queue.reclaim(CORE)
+        if task is not None:
+            progress.loss += cell.process(queue, task, held, clip)
+            continue
+        if clip is None:
+            manifest = queue.manifest()
+            if manifest is not None and queue.ratio_count() == manifest.micro_steps:
+                progress.clip = merge_shares(queue.ratio_shares(), manifest.summaries(), c.loss)
+                queue.open_gradients(progress.clip)
+            else:
+                time.sleep(c.queue.poll_s)
+            continue
+        members = cell.board.close_window(batch)
+        manifest = queue.manifest()
+        assert manifest is not None  # the clip exists only for a closed batch
+        decision = plan_reduction(
+            batch=batch,
+            micro_steps=manifest.micro_steps,
+            members=members,
+            alive=cell.board.alive(members),
+            drained={k: v for k, v in cell.board.drained(batch).items() if k in members},
+            core_held=held,
+            pending=queue.pending(),
+            final=final,
+            attempt=progress.attempt,
+        )
+        if isinstance(decision, Wait):
+            time.sleep(c.queue.poll_s)
+            continue
+        if isinstance(decision, TakeOver):
+            for message_id in decision.message_ids:
+                taken = queue.take_over(CORE, message_id)
+                if taken is not None:
+                    progress.loss += cell.process(queue, taken, held, clip)
+            continue
+        cell.board.put_plan(decision)
+        return decision
+
+
+def _reduce_on_core(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, float]:
+    """Plan and reduce until a reduction succeeds; returns its plan and the batch loss.
+
+    A member that dies after reporting drained (its heartbeat not yet expired) is in the plan
+    and fails the collective. The core keeps its gradients (the reduction ran on a copy), waits
+    out the dead member's heartbeat, takes its claims over and plans again (`attempt` + 1);
+    live members wait for the newer plan instead of moving on.
+    """
+    progress = _CoreProgress()
+    while True:
+        plan = _core_batch(cell, batch, final, progress)
+        loss = cell.replica.reduce(plan, progress.loss)
+        if loss is not None:
+            cell.board.put_reduced(batch, plan.attempt)
+            return plan, loss
+        progress.attempt += 1
+        deadline = time.monotonic() + cell.config.queue.claim_timeout_s
+        while time.monotonic() < deadline:  # keep the core's own claims and heartbeat alive
+            cell.queue(batch).renew(CORE, progress.held)
+            time.sleep(cell.config.queue.poll_s)
+
+
+def _update(
+    cell: Cell, batch: int, plan: ReducePlan, loss: float, final: bool, publisher: WeightPublisher | None
+) -> None:
+    """After a reduction counted: accept its contributions, update, then broadcast or publish."""
+    c = cell.config
+    cell.queue(batch).ack(plan.message_ids())
+    contributions: list[Event] = []
+    keys: list[str | None] = []
+    for member, held in zip(plan.cells, plan.held, strict=True):
+        for _, index in held:
+            contributions.append(
+                ContributionAccepted(
+                    run_id=c.run_id, batch=batch, micro_step=index, cell=member, policy_version=cell.version
+                )
+            )
+            keys.append(contribution_key(c.run_id, batch, index))
+    cell.record(*contributions, keys=tuple(keys))
+    norm = cell.replica.update()
+    cell.version += 1
+    cell.replica.expose(cell.version)
+    if not final:
+        cell.replica.broadcast(plan)
+    elif publisher is not None:
+        cell.replica.publish(publisher, cell.version)
+    events: list[Event] = [
+        TrainingUpdate(
+            run_id=c.run_id,
+            batch=batch,
+            policy_version=cell.version,
+            cells=list(plan.cells),
+            dropped=list(plan.dropped),
+            micro_steps=len(plan.message_ids()),
+            loss=loss,
+            grad_norm=norm,
+            final=final,
+            failed_reductions=plan.attempt,
+        )
+    ]
+    if final and publisher is not None:
+        events.append(WeightsPublished(run_id=c.run_id, policy_version=cell.version, step=batch))
+    cell.record(*events)
+    if c.output_dir is not None:
+        cell.replica.save(c.output_dir, cell.version)
+    cell.board.put_updated(batch, cell.version)
+
+
+def run_core(cell: Cell, bursts: tuple[BurstPlan, ...], publisher: WeightPublisher | None) -> None:
+    """Train every batch of `bursts` as the core; `publisher` gets the final update of each burst."""
+    cell.replica.expose(cell.version)
+    in_training = False
+    for burst in bursts:
+        if not in_training:
+            cell.role(CellRole.TRAINING, CellRole.ROLLOUT, "burst start")
+            in_training = True
+        for position, batch in enumerate(burst.batches):
+            final = position == len(burst.batches) - 1
+            cell.replica.zero_gradients()
+            cell.board.open_batch(batch, cell.version)
+            plan, loss = _reduce_on_core(cell, batch, final)
+            _update(cell, batch, plan, loss, final, publisher)
+        if not burst.core_stays:
+            cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: core returns to rollout")
+            in_training = False
