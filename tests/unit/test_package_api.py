@@ -142,3 +142,27 @@ def test_light_packages_load_no_heavy_stack(package: str) -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"import {package} loaded {done.stdout.strip()}"
+
+
+ROOT_ERRORS = {"gyre_store": "GyreStoreError", "gyre_proxy": "GyreProxyError",
+               "gyre_sched": "GyreSchedError", "gyre_train": "GyreTrainError"}  # fmt: skip
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_one_exception_tree_per_package_drawn_in_its_exceptions_module(package: str) -> None:
+    exceptions = importlib.import_module(f"{package}.exceptions")
+    root = getattr(exceptions, ROOT_ERRORS[package])
+    drawing = exceptions.__doc__ or ""
+    stray = []
+    for name, _ in _source_files():
+        if not name.startswith(package + ".") and name != package:
+            continue
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if not (isinstance(value, type) and issubclass(value, BaseException)):
+                continue
+            if value.__module__ != name:
+                continue  # imported, checked where it is defined
+            if name != f"{package}.exceptions" or not issubclass(value, root) or value.__name__ not in drawing:
+                stray.append(f"{name}.{value.__name__}")
+    assert not stray, f"errors outside {package}'s tree, or missing from its drawing: {stray}"
