@@ -213,7 +213,8 @@ def add_rows(table: Table, mode: str, arm: Arm, *, target: bool) -> None:
 def bench_incremental() -> tuple[float, float, int]:
     from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
     from gyre_proxy.engines import qwen_tokenizer
-    from gyre_proxy.ingest import GenericHarness, Ingestor, Qwen3Template
+    from gyre_proxy.harness import GenericHarness
+    from gyre_proxy.ingest import Ingestor, Qwen3Template
     from gyre_proxy.ingest.tracegen import WORDS
     from gyre_store import InMemoryEventLog
     from gyre_store.trees import ExecutionContext, TrajectoryRecorder

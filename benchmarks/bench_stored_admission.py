@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 from gyre_proxy.engines import qwen_tokenizer
-from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
+from gyre_proxy.harness import ClaudeCodeHarness
+from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
 from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 from gyre_train import (

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gyre_proxy.chat import ChatRequest
 from gyre_proxy.engines import qwen_tokenizer
+from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_proxy.ingest import (
-    ClaudeCodeHarness,
     Ingestor,
     Prepared,
     Qwen3Template,
@@ -254,7 +254,8 @@ class _NullIngestor(Ingestor):
         super().__init__(TrajectoryRecorder(InMemoryEventLog()), template, ClaudeCodeHarness())
 
     def prepare(self, execution_id: str, run_id: str, request: ChatRequest) -> Prepared:
-        from gyre_proxy.ingest import CallTraits, EncodedRequest
+        from gyre_proxy.harness import CallTraits
+        from gyre_proxy.ingest import EncodedRequest
         from gyre_store.catalog import AgentKind, CallPurpose
 
         z = np.zeros(0, np.int32)

@@ -23,17 +23,9 @@ from gyre_proxy.exceptions import (
     ServerStartError,
     Unauthorized,
 )
+from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness, HarnessPlugin
 from gyre_proxy.hosting import ServerThread, free_port
-from gyre_proxy.ingest import (
-    ClaudeCodeHarness,
-    GenericHarness,
-    HarnessPlugin,
-    Ingestor,
-    Qwen3Template,
-    RecordSpool,
-    TraceConfig,
-    TraceGenerator,
-)
+from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool, TraceConfig, TraceGenerator
 from gyre_proxy.service import ProxyConfig, ProxyService, StoreKeys, issue_key, revoke_key
 
 __all__ = [

@@ -20,6 +20,8 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │    ├── ScriptError
      │    └── RequestRejected
      ├── ServerStartError
+     ├── HarnessError
+     │    └── LaunchError
      └── ApiError                 500 api_error             / 500 server_error
           ├── InvalidRequest      400 invalid_request_error (both)
           │    └── ContextTooLong 400, OpenAI code context_length_exceeded
@@ -109,6 +111,14 @@ class ServerStartError(GyreProxyError):
 
 
 # -- answers to the harness ---------------------------------------------------------------------
+
+
+class HarnessError(GyreProxyError):
+    """A harness cannot be used as configured (unknown name, not installed, cannot be launched)."""
+
+
+class LaunchError(HarnessError):
+    """An execution's harness could not be started (bad task, workspace or start request)."""
 
 
 class ApiError(GyreProxyError):

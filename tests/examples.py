@@ -9,6 +9,7 @@ scheduler config, a model call's token arrays) and are given one here.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 import msgspec
@@ -30,9 +31,10 @@ def _value(t: mi.Type) -> Any:
     if isinstance(t, mi.StrType):
         if t.pattern == "^[0-9a-f]{64}$":
             return HEX64
-        if t.pattern is not None:
+        plain = "x" * max(1, t.min_length or 0)
+        if t.pattern is not None and re.fullmatch(t.pattern, plain) is None:
             raise NotImplementedError(f"no example for a string matching {t.pattern!r}: add one here")
-        return "x" * max(1, t.min_length or 0)
+        return plain
     if isinstance(t, mi.BoolType):
         return True
     if isinstance(t, mi.EnumType):

@@ -194,7 +194,8 @@ def training_demo(log: PostgresEventLog, store: PostgresProjectionStore, run_id:
     import torch
 
     from gyre_proxy.engines import qwen_tokenizer
-    from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
+    from gyre_proxy.harness import ClaudeCodeHarness
+    from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
     from gyre_store.trees import TrajectoryRecorder, TreeView
     from gyre_train import (
         AdmissionConfig,

@@ -9,7 +9,6 @@ import threading
 from typing import Any
 
 from gyre_proxy import ProxyConfig, ProxyService, issue_key
-from gyre_store import subscribe
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 
@@ -39,7 +38,13 @@ def register(subparsers: Any) -> None:
         "--harness",
         "GYRE_PROXY_HARNESS",
         default="claude-code",
-        help="harness plug-in: claude-code or generic",
+        help="harness plug-in: builtin, claude-code or generic",
+    )
+    add_env_argument(
+        serve,
+        "--run",
+        "GYRE_RUN_ID",
+        help="also serve the engines this live run registers in the log",
     )
     add_env_argument(
         serve,
@@ -78,8 +83,8 @@ def _engines(args: argparse.Namespace) -> list[tuple[str, str]]:
     import os
 
     specs = args.engine or [s for s in os.environ.get("GYRE_PROXY_ENGINES", "").split(",") if s]
-    if not specs:
-        raise SystemExit("gyre proxy serve: give at least one --engine NAME=URL")
+    if not specs and not args.run:
+        raise SystemExit("gyre proxy serve: give at least one --engine NAME=URL, or --run RUN")
     out = []
     for spec in specs:
         name, sep, url = spec.partition("=")
@@ -111,26 +116,13 @@ def run_serve(args: argparse.Namespace) -> int:
         context_limit=args.context_limit,
         host=args.host,
         port=args.port,
+        run_id=args.run,
     )
     stop = threading.Event()
     with open_store(args) as opened, ProxyService(opened.log, config) as service:
-        # Follow the scheduler's routing decisions while serving.
-        def follow() -> None:
-            after = 0
-            # Every record the proxy writes wakes this reader; routing changes are rare, so it
-            # reads at most every 100 ms instead of once per append.
-            routing = subscribe(
-                opened.log, after, types=["engine.routing_changed"], poll_s=1.0, min_interval_s=0.1
-            )
-            for batch in routing:
-                for ev in batch:
-                    service.router.apply(ev)
-                if stop.is_set():
-                    return
-
         if args.gc_threshold > 0:
             tune_gc(args.gc_threshold)
-        threading.Thread(target=follow, daemon=True).start()
+        threading.Thread(target=service.follow, args=(stop,), daemon=True).start()
         console.print(f"gyre proxy on {service.base_url} -> {', '.join(n for n, _ in config.engines)}")
         try:
             stop.wait()

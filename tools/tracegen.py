@@ -9,7 +9,8 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gyre_proxy.engines import qwen_tokenizer
-from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
+from gyre_proxy.harness import ClaudeCodeHarness
+from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import (
     ExecutionDispatched,
     ExecutionFinished,

@@ -17,14 +17,16 @@ from gyre_proxy.answer.machine import (
 )
 from gyre_proxy.answer.output_parser import OutputParser, parse_output, parse_tool_call, stop_reason_for
 from gyre_proxy.answer.pipeline import AnswerPipeline
-from gyre_proxy.answer.routing import RoutedEngine, Router
+from gyre_proxy.answer.routing import Binding, Lookup, RoutedEngine, Router
 
 __all__ = [
     "MAX_ATTEMPTS",
     "AnswerMachine",
     "AnswerPipeline",
     "Attempt",
+    "Binding",
     "GiveUp",
+    "Lookup",
     "OutputParser",
     "Reroute",
     "RoutedEngine",

@@ -1,22 +1,25 @@
 """Routing: which engine serves each execution, and where it goes when that one stops.
 
-Each execution sticks to one engine. When the scheduler takes an engine out of rollout
-(an ``engine.routing_changed`` event), new requests avoid it and executions bound to it
-move; the choice prefers the engine with the fewest executions, so one execution is not
-moved again and again. In-flight requests on a stopped engine are cancelled and retried
-by the answer pipeline, not here.
+Each execution sticks to one engine. An execution a run's scheduler placed (its
+``execution.started`` names a slot: ``pool`` or ``cell-<i>``) goes to an accepting engine of
+that run in that slot; when none is, to another accepting engine of the run. Engines join
+while the proxy serves (a live run's engines register in the log) and leave rollout when the
+scheduler says so (``engine.routing_changed``): new requests avoid them and executions bound
+to them move, preferring the engine with the fewest executions, so one execution is not
+moved again and again. In-flight requests on a stopped engine are cancelled and retried by
+the answer pipeline, not here.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gyre_proxy.engines import Engine
 from gyre_proxy.exceptions import EngineUnavailable
-from gyre_store.catalog import EngineRoutingChanged
+from gyre_store.catalog import EngineRoutingChanged, ExecutionStarted
 from gyre_store.log import RecordedEvent
 
 
@@ -25,40 +28,88 @@ class RoutedEngine:
     name: str
     engine: Engine
     accepting: bool = True
+    run_id: str | None = None  # a live run's engine; None for one given on the command line
+    slot: str | None = None  # the scheduler's name for where it serves: "pool" or "cell-<i>"
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """Where a run's scheduler placed an execution."""
+
+    run_id: str
+    slot: str
+
+
+Lookup = Callable[[str], Binding | None]
+"""Finds an execution's binding that the proxy has not seen yet (reads the log)."""
 
 
 class Router:
     """A routing table of named engines; thread-safe."""
 
-    def __init__(self, engines: Iterable[tuple[str, Engine]]) -> None:
+    def __init__(self, engines: Iterable[tuple[str, Engine]] = (), *, lookup: Lookup | None = None) -> None:
         self._engines = {name: RoutedEngine(name, engine) for name, engine in engines}
-        if not self._engines:
-            raise EngineUnavailable("the proxy needs at least one engine")
         self._sticky: dict[str, str] = {}
+        self._bindings: dict[str, Binding | None] = {}
+        self._lookup = lookup
         self._lock = threading.Lock()
         self.moves = 0
 
     def engines(self) -> list[RoutedEngine]:
         return list(self._engines.values())
 
+    def add(self, name: str, engine: Engine, *, run_id: str | None = None, slot: str | None = None) -> None:
+        """Serve ``name`` from now on (replacing an engine of that name, e.g. a restarted one)."""
+        with self._lock:
+            self._engines[name] = RoutedEngine(name, engine, True, run_id, slot)
+
+    def bind(self, execution_id: str, binding: Binding) -> None:
+        """Record where the scheduler placed ``execution_id``; its next request goes there."""
+        with self._lock:
+            if self._bindings.get(execution_id) != binding:
+                self._bindings[execution_id] = binding
+                current = self._sticky.get(execution_id)
+                if current is not None and not self._fits(self._engines[current], binding):
+                    del self._sticky[execution_id]
+
     def engine_for(self, execution_id: str) -> RoutedEngine:
-        """The execution's engine, assigning (or moving it to) an accepting one if needed."""
+        """The execution's engine, assigning (or moving it to) an accepting one if needed.
+
+        Raises EngineUnavailable when no engine accepts requests."""
+        binding = self._binding(execution_id)
         with self._lock:
             name = self._sticky.get(execution_id)
-            if name is not None and self._engines[name].accepting:
+            if name is not None and name in self._engines and self._engines[name].accepting:
                 return self._engines[name]
-            chosen = self._least_loaded(exclude=name)
+            chosen = self._choose(binding, exclude=name)
             if name is not None:
                 self.moves += 1
             self._sticky[execution_id] = chosen.name
             return chosen
 
-    def _least_loaded(self, exclude: str | None = None) -> RoutedEngine:
+    def _binding(self, execution_id: str) -> Binding | None:
+        with self._lock:
+            if execution_id in self._bindings or self._lookup is None:
+                return self._bindings.get(execution_id)
+        found = self._lookup(execution_id)  # outside the lock: it reads the log
+        with self._lock:
+            return self._bindings.setdefault(execution_id, found)
+
+    @staticmethod
+    def _fits(engine: RoutedEngine, binding: Binding) -> bool:
+        return engine.run_id == binding.run_id and engine.slot == binding.slot
+
+    def _choose(self, binding: Binding | None, exclude: str | None) -> RoutedEngine:
         load = Counter(self._sticky.values())
-        candidates = [e for e in self._engines.values() if e.accepting and e.name != exclude]
-        if not candidates:
-            raise EngineUnavailable("no engine is accepting requests")
-        return min(candidates, key=lambda e: (load[e.name], e.name))
+        accepting = [e for e in self._engines.values() if e.accepting and e.name != exclude]
+        if binding is not None:
+            # Its slot first, then anywhere in its run; another run's engines never serve it.
+            same_run = [e for e in accepting if e.run_id == binding.run_id]
+            accepting = [e for e in same_run if e.slot == binding.slot] or same_run
+        if not accepting:
+            where = f" for run {binding.run_id!r}" if binding is not None else ""
+            raise EngineUnavailable(f"no engine is accepting requests{where}")
+        return min(accepting, key=lambda e: (load[e.name], e.name))
 
     def set_accepting(self, name: str, accepting: bool) -> None:
         with self._lock:
@@ -76,6 +127,11 @@ class Router:
                 self.moves += 1
 
     def apply(self, event: RecordedEvent) -> None:
-        """Follow the scheduler: apply an ``engine.routing_changed`` event."""
-        if isinstance(event.event, EngineRoutingChanged):
-            self.set_accepting(event.event.engine, event.event.accepting)
+        """Follow the log: routing changes and the scheduler's placements."""
+        match event.event:
+            case EngineRoutingChanged(engine=engine, accepting=accepting):
+                self.set_accepting(engine, accepting)
+            case ExecutionStarted(execution_id=execution_id, run_id=run_id, engine=slot):
+                self.bind(execution_id, Binding(run_id, slot))
+            case _:
+                pass

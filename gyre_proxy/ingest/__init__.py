@@ -7,13 +7,6 @@ path, and the synthetic trace generator that goes through the same path. No engi
 from __future__ import annotations
 
 from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
-from gyre_proxy.ingest.harnesses import (
-    CallTraits,
-    ClaudeCodeHarness,
-    GenericHarness,
-    HarnessPlugin,
-    plugin_for,
-)
 from gyre_proxy.ingest.incremental import (
     EncodedRequest,
     Match,
@@ -28,11 +21,7 @@ from gyre_proxy.ingest.spool import RecordSpool
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 
 __all__ = [
-    "CallTraits",
-    "ClaudeCodeHarness",
     "EncodedRequest",
-    "GenericHarness",
-    "HarnessPlugin",
     "Ingestor",
     "Match",
     "Prepared",
@@ -47,5 +36,4 @@ __all__ = [
     "full_messages",
     "match_request",
     "output_hash",
-    "plugin_for",
 ]

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_proxy.chat import ChatRequest, Message
+from gyre_proxy.harness.plugin import CallTraits, HarnessPlugin
 from gyre_proxy.ingest.chat_template import Qwen3Template
-from gyre_proxy.ingest.harnesses import CallTraits, HarnessPlugin
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash
 from gyre_store.catalog import CallFinish, ModelCallRecorded, Provenance, TitoArrays
 from gyre_store.log import AppendResult, EventMetadata, NewEvent

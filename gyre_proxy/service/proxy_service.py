@@ -2,31 +2,31 @@
 
 ``ProxyService`` is what ``gyre proxy serve`` runs and what the end-to-end tests start:
 one object that owns the engine clients, the record spool and the HTTP app, and closes
-them in order (the spool is flushed before the engines go away).
+them in order (the spool is flushed before the engines go away). ``follow`` keeps it in
+step with the log while it serves: the engines a live run registers, the scheduler's
+routing changes, and where each execution was placed.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 from starlette.applications import Starlette
 
-from gyre_proxy.answer import AnswerPipeline, Router
+from gyre_proxy.answer import AnswerPipeline, Binding, Router
 from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
-from gyre_proxy.ingest import (
-    ClaudeCodeHarness,
-    GenericHarness,
-    HarnessPlugin,
-    Ingestor,
-    Qwen3Template,
-    RecordSpool,
-)
+from gyre_proxy.harness import plugin_for
+from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool
 from gyre_proxy.service.keys import StoreKeys
-from gyre_store.log import EventLog
+from gyre_store import EngineRegistered, ExecutionStarted, subscribe
+from gyre_store.log import EventLog, RecordedEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
+
+FOLLOWED = ("engine.registered", "engine.routing_changed", "execution.started")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +40,7 @@ class ProxyConfig:
     # Concurrent (and kept-alive) connections to each engine; each streamed generation
     # holds one, so fewer would queue generations behind each other.
     engine_connections: int = 1024
-
-
-def _plugin(name: str) -> HarnessPlugin:
-    return ClaudeCodeHarness() if name == "claude-code" else GenericHarness()
+    run_id: str | None = None  # serve this live run's registered engines too
 
 
 class ProxyService:
@@ -56,10 +53,10 @@ class ProxyService:
             (name, EngineClient(EngineClientConfig(base_url=url, max_connections=config.engine_connections)))
             for name, url in config.engines
         ]
-        self.router = Router(self.clients)
+        self.router = Router(self.clients, lookup=self._placement)
         recorder = TrajectoryRecorder(log)
         self.spool = RecordSpool(recorder)
-        self.ingestor = Ingestor(recorder, Qwen3Template(qwen_tokenizer()), _plugin(config.harness))
+        self.ingestor = Ingestor(recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness))
         self.pipeline = AnswerPipeline(
             self.ingestor, self.router, self.spool, context_limit=config.context_limit
         )
@@ -70,8 +67,42 @@ class ProxyService:
         self.server = proxy_server(self.app, host=config.host, port=config.port)
 
     async def _close_clients(self) -> None:
-        for _, client in self.clients:
+        for _, client in list(self.clients):
             await client.aclose()
+
+    def _client(self, url: str) -> EngineClient:
+        return EngineClient(EngineClientConfig(base_url=url, max_connections=self.config.engine_connections))
+
+    def _placement(self, execution_id: str) -> Binding | None:
+        """Where the scheduler placed an execution the follower has not seen yet."""
+        for recorded in reversed(self.log.read_stream(StreamId("execution", execution_id))):
+            if isinstance(recorded.event, ExecutionStarted):
+                return Binding(recorded.event.run_id, recorded.event.engine)
+        return None
+
+    def apply(self, recorded: RecordedEvent) -> None:
+        """Take one followed event into the routing table."""
+        event = recorded.event
+        if isinstance(event, EngineRegistered):
+            if event.run_id != self.config.run_id:
+                return
+            slot = "pool" if event.cell_index < 0 else f"cell-{event.cell_index}"
+            client = self._client(event.url)
+            self.clients.append((event.engine, client))
+            self.router.add(event.engine, client, run_id=event.run_id, slot=slot)
+            return
+        self.router.apply(recorded)
+
+    def follow(self, stop: threading.Event, *, after: int = 0) -> None:
+        """Apply followed events from position ``after`` until ``stop`` is set (a thread's loop).
+
+        Every record the proxy writes wakes the reader; followed events are rare, so it reads
+        at most every 100 ms instead of once per append."""
+        for batch in subscribe(self.log, after, types=FOLLOWED, poll_s=1.0, min_interval_s=0.1):
+            for recorded in batch:
+                self.apply(recorded)
+            if stop.is_set():
+                return
 
     @property
     def base_url(self) -> str:

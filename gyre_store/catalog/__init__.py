@@ -1,5 +1,6 @@
 """The event vocabulary of a gyre run: run lifecycle, model calls (TITO records),
-evaluations and rewards, streaming training; importing it registers every type in ``REGISTRY``.
+evaluations and rewards, streaming training, and the facts that connect a live run's
+processes (tasks, engines, launch requests); importing it registers every type in ``REGISTRY``.
 
 Each type is a frozen msgspec struct, appended by the component that knows the fact.
 ``gyre_sched`` registers its own ``sched.*`` types explicitly (``register_sched_events``).
@@ -24,6 +25,12 @@ from gyre_store.catalog.evaluation import (
     consumption_key,
     new_outcome,
     outcome_key,
+)
+from gyre_store.catalog.live import (
+    EngineRegistered,
+    ExecutionStartRequested,
+    TaskDefined,
+    TaskSplit,
 )
 from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative, Positive
 from gyre_store.catalog.run import (
@@ -89,6 +96,7 @@ __all__ = [
     "CellRoleChanged",
     "CellTransitionDone",
     "ContributionAccepted",
+    "EngineRegistered",
     "EngineRoutingChanged",
     "EvaluationErrorKind",
     "EvaluationFailed",
@@ -98,6 +106,7 @@ __all__ = [
     "ExecutionDispatched",
     "ExecutionExcluded",
     "ExecutionFinished",
+    "ExecutionStartRequested",
     "ExecutionStarted",
     "FinishReason",
     "GroupConsumed",
@@ -116,6 +125,8 @@ __all__ = [
     "RewardAssigned",
     "RunStarted",
     "Score",
+    "TaskDefined",
+    "TaskSplit",
     "TitoArrays",
     "TrainingUpdate",
     "WeightsPublished",

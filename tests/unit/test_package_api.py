@@ -163,6 +163,25 @@ def test_one_exception_tree_per_package_drawn_in_its_exceptions_module(package: 
                 continue
             if value.__module__ != name:
                 continue  # imported, checked where it is defined
-            if name != f"{package}.exceptions" or not issubclass(value, root) or value.__name__ not in drawing:
+            if (
+                name != f"{package}.exceptions"
+                or not issubclass(value, root)
+                or value.__name__ not in drawing
+            ):
                 stray.append(f"{name}.{value.__name__}")
     assert not stray, f"errors outside {package}'s tree, or missing from its drawing: {stray}"
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists packages explicitly (two are mapped from other folders): a new
+    subpackage missing there would work from the source tree and be absent from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in PACKAGES
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert on_disk <= listed, f"not in pyproject.toml's packages: {sorted(on_disk - listed)}"
+    assert {"gyre_tools", "gyre_store.migrations", "gyre_store.migrations.versions"} <= listed

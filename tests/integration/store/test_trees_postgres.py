@@ -6,7 +6,8 @@ import numpy as np
 import psycopg
 
 from gyre_proxy.engines import qwen_tokenizer
-from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
+from gyre_proxy.harness import ClaudeCodeHarness
+from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
 from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 

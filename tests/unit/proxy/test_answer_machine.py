@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from gyre_proxy.answer import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
 from gyre_proxy.chat import ChatRequest, Message, MessageDone, Role, StopReason, TextBlock, TextDelta
 from gyre_proxy.engines import Finish, FinishKind, GenerateDelta, qwen_tokenizer
-from gyre_proxy.ingest import GenericHarness, Ingestor, Prepared, Qwen3Template
+from gyre_proxy.harness import GenericHarness
+from gyre_proxy.ingest import Ingestor, Prepared, Qwen3Template
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import CallFinish
 from gyre_store.trees import PrefixPoint, TrajectoryRecorder

@@ -14,7 +14,8 @@ from gyre_proxy.answer import AnswerPipeline, Router
 from gyre_proxy.chat import ChatRequest, ExecutionAuth, Message, Role, TextBlock
 from gyre_proxy.engines import IncrementalText, QwenTokenizer, qwen_tokenizer
 from gyre_proxy.engines.testing import FakeEngine
-from gyre_proxy.ingest import GenericHarness, Ingestor, Qwen3Template, RecordSpool
+from gyre_proxy.harness import GenericHarness
+from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool
 from gyre_store import InMemoryEventLog
 from gyre_store.trees import TrajectoryRecorder
 

@@ -9,9 +9,8 @@ import pytest
 
 from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from gyre_proxy.engines import qwen_tokenizer
+from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness
 from gyre_proxy.ingest import (
-    ClaudeCodeHarness,
-    GenericHarness,
     Ingestor,
     Qwen3Template,
     TraceConfig,

@@ -22,15 +22,8 @@ from gyre_proxy.chat import (
 )
 from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.engines.testing import FakeEngine
-from gyre_proxy.ingest import (
-    GenericHarness,
-    Ingestor,
-    Qwen3Template,
-    RecordSpool,
-    encode_request,
-    match_request,
-    output_hash,
-)
+from gyre_proxy.harness import GenericHarness
+from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool, encode_request, match_request, output_hash
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import TitoArrays
 from gyre_store.log import StreamId

@@ -6,7 +6,8 @@ import functools
 from collections.abc import Sequence
 
 from gyre_proxy.engines import qwen_tokenizer
-from gyre_proxy.ingest import ClaudeCodeHarness, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
+from gyre_proxy.harness import ClaudeCodeHarness
+from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import (
     EventLog,
     ExecutionDispatched,

@@ -1,52 +1,25 @@
-"""Per-harness plug-ins that tell, from a request itself, whose call it is and what for.
+"""Claude Code as a harness: its request conventions, and how to start the pinned CLI.
 
-A plug-in decides the agent (the main agent or a sub-agent, with the Agent tool call
-that spawned it) and the purpose (a task turn or a compaction) of each model call; the
-trajectory tree turns that into the leaf classes main > main-summary > sub-agent >
-sub-agent-summary. Unknown harnesses get ``GenericHarness``: the tree then falls back to
-"the first context root is the main agent".
+The main agent owns the first system prompt seen in the execution; any other system prompt is
+a sub-agent started by an Agent (Task) tool call, matched by its prompt; a request whose last
+user message asks for a summary is a compaction. The CLI runs non-interactively with its own
+HOME, telemetry off, pointed at the proxy with the execution's key.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import msgspec
 
 from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolUseBlock
+from gyre_proxy.exceptions import HarnessError
+from gyre_proxy.harness.plugin import CallTraits, Launch, LaunchSpec
 from gyre_store.catalog import AgentKind, CallPurpose
 from gyre_store.trees import ExecutionContext
-
-
-@dataclass(frozen=True, slots=True)
-class CallTraits:
-    agent_kind: AgentKind
-    agent_id: str
-    purpose: CallPurpose
-    spawned_by: str | None = None
-
-
-class HarnessPlugin(Protocol):
-    name: str
-
-    def classify(self, ctx: ExecutionContext, request: ChatRequest, system_sha: str) -> CallTraits: ...
-
-    def observe_output(self, execution_id: str, assistant: Message) -> None: ...
-
-
-class GenericHarness:
-    """No knowledge of the harness: everything is a turn of an unknown agent."""
-
-    name = "generic"
-
-    def classify(self, ctx: ExecutionContext, request: ChatRequest, system_sha: str) -> CallTraits:
-        return CallTraits(AgentKind.UNKNOWN, system_sha, CallPurpose.TURN)
-
-    def observe_output(self, execution_id: str, assistant: Message) -> None:
-        return None
-
 
 # Claude Code's /compact (and auto-compaction) request ends with a user message asking for
 # a detailed summary wrapped in <summary> tags.
@@ -96,8 +69,20 @@ class ClaudeCodeHarness:
                 if isinstance(args, dict) and isinstance(args.get("prompt"), str):
                     self._spawns.setdefault(execution_id, {})[args["prompt"].strip()] = b.id
 
-
-def plugin_for(harness: str) -> HarnessPlugin:
-    if harness in ("claude-code", "claude_code"):
-        return ClaudeCodeHarness()
-    return GenericHarness()
+    def launch_spec(self, launch: Launch) -> LaunchSpec:
+        binary = os.environ.get("GYRE_CLAUDE_BIN") or shutil.which("claude")
+        if not binary:
+            raise HarnessError(
+                "Claude Code is not installed: run tools/install_claude_code.sh and set GYRE_CLAUDE_BIN "
+                "to the path it prints (or put `claude` on PATH)"
+            )
+        env = {
+            "ANTHROPIC_BASE_URL": launch.base_url,
+            "ANTHROPIC_API_KEY": launch.api_key,
+            "HOME": str(launch.home),
+            "DISABLE_TELEMETRY": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "IS_SANDBOX": "1",  # as root it refuses to skip permissions otherwise
+        }
+        argv = (binary, "-p", launch.prompt, "--dangerously-skip-permissions", "--model", launch.model)
+        return LaunchSpec(argv, env)

@@ -1,0 +1,289 @@
+"""The launcher: starts each execution the scheduler asks for, and records how it ended.
+
+It follows a run's ``execution.start_requested`` events. For each one it builds a fresh
+workspace from the task, issues the execution its own API key, records
+``execution.started`` (the moment the counter p moves), and starts the harness process
+pointed at the proxy. It supervises every running harness against its task's wall-clock
+budget; when one exits or overruns, it preserves the workspace (``artifact.preserved``, for
+the evaluators), revokes the key and records ``execution.finished`` with the real reason:
+``completed`` (exit 0), ``failed`` (any other exit, or no start), ``harness_timeout`` (killed at
+its budget). Nothing here decides when executions start or how they are scored.
+
+A restarted launcher rebuilds its state from the log: requests not yet started are started,
+and executions it had started are finished as failed (their harness processes are gone), so
+their partial work is still scored. Several launchers may follow one run: recording
+``execution.started`` is idempotent per execution, and only the one whose record lands first
+starts the harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gyre_proxy.exceptions import HarnessError
+from gyre_proxy.harness import HarnessPlugin, Launch, plugin_for
+from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
+from gyre_proxy.service import issue_key, revoke_key
+from gyre_store import (
+    ArtifactPreserved,
+    ExecutionFinished,
+    ExecutionStarted,
+    ExecutionStartRequested,
+    FinishReason,
+    TaskDefined,
+)
+from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent
+
+FOLLOWED = ("task.defined", "execution.start_requested", "execution.started", "execution.finished")
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")  # the launcher's own secrets stay here
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherConfig:
+    """Which run to serve, where the proxy is, where workspaces go, and how to start harnesses."""
+
+    run_id: str
+    proxy_url: str
+    root: Path
+    harness: str = "builtin"
+    model: str = "gyre-policy"
+    poll_s: float = 0.2
+    kill_grace_s: float = 2.0
+
+
+@dataclass
+class Running:
+    request: ExecutionStartRequested
+    dirs: ExecutionDirs
+    process: subprocess.Popen[bytes]
+    api_key: str
+    deadline: float
+    output: IO[bytes]
+
+
+def serves(run_id: str, candidate: str) -> bool:
+    """Whether the launcher of ``run_id`` handles ``candidate``'s executions: the run itself
+    and its side runs (``<run>~<name>``, such as held-out evaluations)."""
+    return candidate == run_id or candidate.startswith(run_id + "~")
+
+
+class Launcher:
+    """Follows one run's start requests; ``run(stop)`` until stopped, ``step()`` once."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        config: LauncherConfig,
+        *,
+        plugin: HarnessPlugin | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.config = config
+        self.plugin = plugin or plugin_for(config.harness)
+        self._clock = clock
+        self._tasks: dict[tuple[str, str], TaskDefined] = {}
+        self._pending: dict[str, ExecutionStartRequested] = {}
+        self._started: set[str] = set()
+        self._finished: set[str] = set()
+        self._running: dict[str, Running] = {}
+        self._run_of: dict[str, str] = {}
+        self._after = 0
+        self._recover()
+
+    # -- state from the log ------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        self._read_new()
+        for execution_id in sorted(self._started - self._finished):
+            if execution_id in self._running:
+                continue
+            request = self._pending.pop(execution_id, None)
+            run_id = (
+                request.run_id if request is not None else self._run_of.get(execution_id, self.config.run_id)
+            )
+            dirs = ExecutionDirs(self.config.root / safe_name(execution_id))
+            self._finish(
+                execution_id,
+                run_id,
+                dirs,
+                FinishReason.FAILED,
+                "the launcher restarted: the harness process was lost",
+            )
+
+    def _read_new(self) -> None:
+        head = self.log.head()
+        while self._after < head:
+            batch = self.log.read(self._after, until=head, types=FOLLOWED)
+            if not batch:
+                break
+            for recorded in batch:
+                self._note(recorded)
+            self._after = batch[-1].position
+        self._after = max(self._after, head)
+
+    def _note(self, recorded: RecordedEvent) -> None:
+        event = recorded.event
+        run_id = getattr(event, "run_id", "")
+        if not serves(self.config.run_id, run_id):
+            return
+        match event:
+            case TaskDefined(task_id=task_id):
+                self._tasks[(run_id, task_id)] = event
+            case ExecutionStartRequested(execution_id=execution_id):
+                self._run_of[execution_id] = run_id
+                if execution_id not in self._started and execution_id not in self._finished:
+                    self._pending[execution_id] = event
+            case ExecutionStarted(execution_id=execution_id):
+                self._run_of[execution_id] = run_id
+                self._started.add(execution_id)
+                self._pending.pop(execution_id, None)
+            case ExecutionFinished(execution_id=execution_id):
+                self._finished.add(execution_id)
+                self._pending.pop(execution_id, None)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def step(self) -> None:
+        """Read new requests, start what is pending, and reap or kill what ended."""
+        self._read_new()
+        for execution_id in list(self._pending):
+            self._start(self._pending.pop(execution_id))
+        now = self._clock()
+        for execution_id, run in list(self._running.items()):
+            code = run.process.poll()
+            if code is not None:
+                reason = FinishReason.COMPLETED if code == 0 else FinishReason.FAILED
+                self._reap(execution_id, reason, f"harness exited {code}")
+            elif now >= run.deadline:
+                self._kill(run)
+                self._reap(execution_id, FinishReason.HARNESS_TIMEOUT, "killed at the end of its budget")
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set; then kill what still runs and record it as cancelled."""
+        try:
+            while not stop.is_set():
+                self.step()
+                self.log.wait(self._after, self.config.poll_s)
+        finally:
+            for execution_id, run in list(self._running.items()):
+                self._kill(run)
+                self._reap(execution_id, FinishReason.CANCELLED, "the launcher stopped")
+
+    # -- one execution -----------------------------------------------------------------------
+
+    def _task_of(self, request: ExecutionStartRequested) -> TaskDefined | None:
+        return self._tasks.get((request.run_id, request.task_id))
+
+    def _start(self, request: ExecutionStartRequested) -> None:
+        meta = EventMetadata(run_id=request.run_id)
+        task = self._task_of(request)
+        root = self.config.root / safe_name(request.execution_id)
+        if task is None:
+            self._finish(
+                request.execution_id,
+                request.run_id,
+                ExecutionDirs(root),
+                FinishReason.FAILED,
+                f"no task {request.task_id!r} is defined in run {request.run_id!r}",
+            )
+            return
+        dirs = prepare(self.config.root, request.execution_id, task)
+        api_key = issue_key(
+            self.log, execution_id=request.execution_id, run_id=request.run_id, harness=self.plugin.name
+        )
+        started = ExecutionStarted(
+            execution_id=request.execution_id, run_id=request.run_id, engine=request.engine
+        )
+        [result] = self.log.append([NewEvent(started, f"started:{request.execution_id}", metadata=meta)])
+        self._started.add(request.execution_id)
+        if result.duplicate:
+            revoke_key(self.log, api_key, "another launcher started this execution")
+            return
+        launch = Launch(
+            dirs.workspace, dirs.home, task.prompt, self.config.proxy_url, api_key, self.config.model
+        )
+        output = dirs.harness_log.open("wb")
+        try:
+            spec = self.plugin.launch_spec(launch)
+            env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ} | dict(spec.env)
+            process = subprocess.Popen(
+                spec.argv,
+                cwd=dirs.workspace,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a budget kill takes its children too
+            )
+        except (HarnessError, OSError) as exc:
+            output.close()
+            self._finish(
+                request.execution_id, request.run_id, dirs, FinishReason.FAILED, f"not started: {exc}"
+            )
+            revoke_key(self.log, api_key, "not started")
+            return
+        assert process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(spec.stdin.encode())
+        process.stdin.close()
+        deadline = self._clock() + task.budget_s
+        self._running[request.execution_id] = Running(request, dirs, process, api_key, deadline, output)
+
+    def _kill(self, run: Running) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.process.pid, sig)
+            try:
+                run.process.wait(timeout=self.config.kill_grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def _reap(self, execution_id: str, reason: FinishReason, detail: str) -> None:
+        run = self._running.pop(execution_id)
+        run.output.close()
+        tail = run.dirs.harness_log.read_bytes()[-300:].decode(errors="replace").strip()
+        if reason is not FinishReason.COMPLETED and tail:
+            detail = f"{detail}: {tail}"
+        self._finish(execution_id, run.request.run_id, run.dirs, reason, detail)
+        revoke_key(self.log, run.api_key, f"execution {reason.value}")
+
+    def _finish(
+        self, execution_id: str, run_id: str, dirs: ExecutionDirs, reason: FinishReason, detail: str
+    ) -> None:
+        meta = EventMetadata(run_id=run_id)
+        events: list[NewEvent] = []
+        if dirs.workspace.is_dir():
+            version = artifact_version(dirs.workspace)
+            preserved = ArtifactPreserved(
+                execution_id=execution_id,
+                run_id=run_id,
+                artifact_version=version,
+                location=str(dirs.workspace),
+            )
+            events.append(NewEvent(preserved, f"preserved:{execution_id}:final", metadata=meta))
+        finished = ExecutionFinished(
+            execution_id=execution_id, run_id=run_id, reason=reason, detail=detail[:2000]
+        )
+        events.append(NewEvent(finished, f"finished:{execution_id}", metadata=meta))
+        self.log.append(events)
+        self._finished.add(execution_id)
+
+
+def default_root(data_dir: Path, run_id: str) -> Path:
+    """Where a run's workspaces go under a data folder."""
+    return Path(data_dir) / "workspaces" / safe_name(run_id)

@@ -1,0 +1,69 @@
+"""The event types that connect a live run's processes: tasks, engines and launch requests.
+
+Processes of a live run find each other through the log: a run's tasks are defined in it
+(the launcher builds workspaces from them, evaluator workers run their tests), rollout
+engines announce where they serve (the proxy routes to them, the publisher sends them
+weights), and the controller's start decisions become launch requests the launcher carries
+out. Each fact is appended by the component that knows it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative
+from gyre_store.log.events import Event
+
+_PathName = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-/]+$")]
+
+
+class TaskSplit(enum.StrEnum):
+    """Which instances training samples from, and which are kept for evaluation only."""
+
+    TRAIN = "train"
+    HELDOUT = "heldout"
+
+
+@REGISTRY.register("task.defined", stream="task", key=("run_id", "task_id"))
+class TaskDefined(Event, frozen=True, kw_only=True):
+    """One task instance of a run: the prompt, the starting workspace and the hidden tests.
+
+    ``files`` become the agent's workspace; ``tests`` are written beside it, never inside,
+    and ``test_command`` runs with the preserved workspace as its working directory
+    (``{tests}`` is the tests folder, ``{report}`` the JUnit XML report it must write).
+    """
+
+    run_id: Ident
+    task_id: Ident
+    split: TaskSplit
+    prompt: str
+    files: dict[_PathName, str] = msgspec.field(default_factory=dict)
+    tests: dict[_PathName, str] = msgspec.field(default_factory=dict)
+    test_command: tuple[str, ...] = ()
+    budget_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
+    family: str = ""
+
+
+@REGISTRY.register("engine.registered", stream="engine", key="engine")
+class EngineRegistered(Event, frozen=True, kw_only=True):
+    """A rollout engine serves SGLang's HTTP API at ``url`` (``pool`` or ``cell-<index>``)."""
+
+    engine: Ident
+    run_id: Ident
+    url: str
+    cell_index: int = -1  # -1 for an engine of the separate rollout pool
+    capacity: NonNegative = 0  # concurrent executions it was sized for (C_e or its pool share)
+
+
+@REGISTRY.register("execution.start_requested", stream="execution", key="execution_id")
+class ExecutionStartRequested(Event, frozen=True, kw_only=True):
+    """The scheduler decided to start this execution of task ``task_id`` on ``engine``."""
+
+    execution_id: Ident
+    run_id: Ident
+    task_id: Ident
+    engine: Ident
+    harness: str = ""
