@@ -17,7 +17,8 @@ GyreSchedError
     ├── ReplayDivergedError      recorded inputs did not reproduce the recorded decisions
     ├── ControllerConflictError  another controller recorded this run's next input first
     ├── StoreMappingError        a store event names something the scheduler did not number
-    └── NoRecordedRunError       no scheduler events are recorded for that run
+    ├── NoRecordedRunError       no scheduler events are recorded for that run
+    └── TransitionNotLive        the live sink cannot carry out a role transition yet
 """
 
 from __future__ import annotations
@@ -93,3 +94,7 @@ class StoreMappingError(LiveRunError):
 
 class NoRecordedRunError(LiveRunError):
     """No scheduler events are recorded for that run: nothing to replay."""
+
+
+class TransitionNotLive(LiveRunError):
+    """The live command sink cannot carry out a role transition on real cells yet."""

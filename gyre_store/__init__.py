@@ -56,6 +56,7 @@ from gyre_store.catalog import (
     Positive,
     Provenance,
     RewardAssigned,
+    RunConfigured,
     RunStarted,
     Score,
     TaskDefined,
@@ -124,6 +125,7 @@ from gyre_store.projections import (
     lifecycle_projections,
     rebuild,
 )
+from gyre_store.report import HeldOut, RunReport, Staleness, StepFigures, run_report
 from gyre_store.testing import InMemoryEventLog, InMemoryProjectionStore
 from gyre_store.trees import (
     CLASS_COLOURS,
@@ -195,6 +197,7 @@ __all__ = [
     "GroupStatus",
     "GroupsProjection",
     "GyreStoreError",
+    "HeldOut",
     "Ident",
     "InMemoryEventLog",
     "InMemoryProjectionStore",
@@ -228,8 +231,12 @@ __all__ = [
     "RewardAssigned",
     "Row",
     "RowStore",
+    "RunConfigured",
+    "RunReport",
     "RunStarted",
     "Score",
+    "Staleness",
+    "StepFigures",
     "StoreConfig",
     "StoreUnavailable",
     "StreamId",
@@ -261,6 +268,7 @@ __all__ = [
     "outcome_key",
     "outline",
     "rebuild",
+    "run_report",
     "subscribe",
     "validate",
 ]

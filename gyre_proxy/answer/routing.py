@@ -2,7 +2,8 @@
 
 Each execution sticks to one engine. An execution a run's scheduler placed (its
 ``execution.started`` names a slot: ``pool`` or ``cell-<i>``) goes to an accepting engine of
-that run in that slot; when none is, to another accepting engine of the run. Engines join
+that run in that slot; when none is, to another accepting engine of the run, else to one given
+on the command line. Engines join
 while the proxy serves (a live run's engines register in the log) and leave rollout when the
 scheduler says so (``engine.routing_changed``): new requests avoid them and executions bound
 to them move, preferring the engine with the fewest executions, so one execution is not
@@ -34,10 +35,15 @@ class RoutedEngine:
 
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """Where a run's scheduler placed an execution."""
+    """Where a run's scheduler placed an execution (a side run ``<run>~<name>``, such as a
+    held-out evaluation, is served by its run's engines)."""
 
     run_id: str
     slot: str
+
+    @classmethod
+    def of(cls, run_id: str, slot: str) -> Binding:
+        return cls(run_id.split("~", 1)[0], slot)
 
 
 Lookup = Callable[[str], Binding | None]
@@ -103,9 +109,11 @@ class Router:
         load = Counter(self._sticky.values())
         accepting = [e for e in self._engines.values() if e.accepting and e.name != exclude]
         if binding is not None:
-            # Its slot first, then anywhere in its run; another run's engines never serve it.
+            # Its slot first, then anywhere in its run, then engines given on the command line;
+            # another run's engines never serve it.
             same_run = [e for e in accepting if e.run_id == binding.run_id]
-            accepting = [e for e in same_run if e.slot == binding.slot] or same_run
+            static = [e for e in accepting if e.run_id is None]
+            accepting = [e for e in same_run if e.slot == binding.slot] or same_run or static
         if not accepting:
             where = f" for run {binding.run_id!r}" if binding is not None else ""
             raise EngineUnavailable(f"no engine is accepting requests{where}")
@@ -132,6 +140,6 @@ class Router:
             case EngineRoutingChanged(engine=engine, accepting=accepting):
                 self.set_accepting(engine, accepting)
             case ExecutionStarted(execution_id=execution_id, run_id=run_id, engine=slot):
-                self.bind(execution_id, Binding(run_id, slot))
+                self.bind(execution_id, Binding.of(run_id, slot))
             case _:
                 pass

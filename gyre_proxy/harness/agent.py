@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SYSTEM_MAIN = "You are a coding agent. Use the tools to work in the current folder, then answer briefly."
-SYSTEM_SUB = "You are a sub-agent. Use the tools to do the delegated task, then report briefly."
+SYSTEM_MAIN = "You are an agent in a workspace. Use the tools to do the task."
+SYSTEM_SUB = "You are a sub-agent in a workspace. Use the tools to do the delegated task, then report."
 COMPACT_REQUEST = (
     "Write a detailed summary of the conversation so far: the task, what was done, and what is "
     "left. Put it inside <summary></summary> tags."
@@ -36,7 +36,7 @@ OUTPUT_LIMIT = 4000  # characters of a tool result shown to the model
 
 TOOL_SPECS: dict[str, dict[str, Any]] = {
     "Bash": {
-        "description": "Run a shell command in the workspace.",
+        "description": "Run a shell command.",
         "input_schema": {
             "type": "object",
             "properties": {"command": {"type": "string"}},
@@ -45,14 +45,18 @@ TOOL_SPECS: dict[str, dict[str, Any]] = {
     },
     "Read": {
         "description": "Read a file.",
-        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        "input_schema": {
+            "type": "object",
+            "properties": {"file_path": {"type": "string"}},
+            "required": ["file_path"],
+        },
     },
     "Write": {
         "description": "Write a file.",
         "input_schema": {
             "type": "object",
-            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["path", "content"],
+            "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["file_path", "content"],
         },
     },
     "Agent": {
@@ -69,8 +73,8 @@ TOOL_SPECS: dict[str, dict[str, Any]] = {
 @dataclass
 class AgentConfig:
     model: str = "gyre-policy"
-    max_turns: int = 12
-    max_tokens: int = 256
+    max_turns: int = 4
+    max_tokens: int = 160
     compact_after: int = 24_000  # characters of context before the harness compacts
     bash_timeout_s: float = 30.0
     temperature: float | None = None
@@ -98,7 +102,7 @@ class Workspace:
         target = self.path(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
-        return f"Wrote {len(content)} characters to {name}."
+        return "OK"
 
     def bash(self, command: str, timeout_s: float) -> str:
         try:
@@ -176,9 +180,9 @@ class Agent:
         if name == "Bash":
             return self.workspace.bash(str(args["command"]), self.config.bash_timeout_s)
         if name == "Read":
-            return self.workspace.read(str(args["path"]))
+            return self.workspace.read(str(args["file_path"]))
         if name == "Write":
-            return self.workspace.write(str(args["path"]), str(args["content"]))
+            return self.workspace.write(str(args["file_path"]), str(args["content"]))
         sub = Agent(self.create, self.workspace, self.config, SYSTEM_SUB, ("Bash", "Read", "Write"))
         report = sub.run(str(args["prompt"]))
         if report is None:

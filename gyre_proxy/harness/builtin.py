@@ -19,8 +19,8 @@ class BuiltinHarness(ClaudeCodeHarness):
     """The built-in agent: Bash, Read, Write and Agent tools, compaction past a context size."""
 
     name: str = "builtin"
-    max_turns: int = 12
-    max_tokens: int = 256
+    max_turns: int = 4
+    max_tokens: int = 160
     compact_after: int = 24_000
 
     def launch_spec(self, launch: Launch) -> LaunchSpec:

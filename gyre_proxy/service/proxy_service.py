@@ -77,7 +77,7 @@ class ProxyService:
         """Where the scheduler placed an execution the follower has not seen yet."""
         for recorded in reversed(self.log.read_stream(StreamId("execution", execution_id))):
             if isinstance(recorded.event, ExecutionStarted):
-                return Binding(recorded.event.run_id, recorded.event.engine)
+                return Binding.of(recorded.event.run_id, recorded.event.engine)
         return None
 
     def apply(self, recorded: RecordedEvent) -> None:

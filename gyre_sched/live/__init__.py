@@ -37,6 +37,7 @@ from gyre_sched.live.replay import (
     load_run,
     replay_run,
 )
+from gyre_sched.live.sink import LiveSink, TaskDeck
 
 __all__ = [
     "FACT_TYPES",
@@ -47,6 +48,7 @@ __all__ = [
     "DecisionDiff",
     "DiffKind",
     "Disagreement",
+    "LiveSink",
     "ProtocolStep",
     "RecordedRun",
     "ReplayReport",
@@ -55,6 +57,7 @@ __all__ = [
     "SchedInput",
     "SchedRejected",
     "SchedStep",
+    "TaskDeck",
     "check_lifecycle",
     "compare",
     "engine_name",

@@ -29,6 +29,7 @@ from gyre_store.catalog.evaluation import (
 from gyre_store.catalog.live import (
     EngineRegistered,
     ExecutionStartRequested,
+    RunConfigured,
     TaskDefined,
     TaskSplit,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "Positive",
     "Provenance",
     "RewardAssigned",
+    "RunConfigured",
     "RunStarted",
     "Score",
     "TaskDefined",

@@ -132,6 +132,8 @@ class GroupConsumed(Event, frozen=True, kw_only=True):
     run_id: Ident
     step: NonNegative
     trainer: str = ""
+    trajectories: NonNegative = 0  # trajectories admitted over the group's executions
+    target_tokens: NonNegative = 0  # their trainable target tokens, sum of L_i
 
 
 Outcome = RewardAssigned | PlaceholderInserted | ExecutionExcluded

@@ -67,3 +67,14 @@ class ExecutionStartRequested(Event, frozen=True, kw_only=True):
     task_id: Ident
     engine: Ident
     harness: str = ""
+
+
+@REGISTRY.register("run.configured", stream="run", key="run_id")
+class RunConfigured(Event, frozen=True, kw_only=True):
+    """The configuration a live run runs with, as the TOML text every process reads.
+
+    Paths in it are resolved (the starting policy, the run's folder), so node agents on other
+    machines and a restarted ``gyre run`` read the same settings from the log."""
+
+    run_id: Ident
+    config_toml: str

@@ -22,15 +22,17 @@ from gyre_train.trajectories import MicroStep
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """How every cell builds the same model: a Hugging Face config (with `model_type`) and a seed.
+    """How every cell builds the same model: a Hugging Face config (with `model_type`) and a seed,
+    or a folder written by `save_pretrained` (`model_dir`, which then wins over both).
 
-    Built like the reference engine builds its model (seed, then `from_config`), so a trainer and
-    an engine made from the same spec start from identical weights.
+    Built like the reference engine builds its model (seed, then `from_config`, or the folder),
+    so a trainer and an engine made from the same spec start from identical weights.
     """
 
     config: Mapping[str, Any]
     seed: int = 0
     torch_threads: int = 1
+    model_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,13 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
     """A float32 causal LM from `spec` on the CPU; never downloads."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if spec.model_dir is not None:
+        if not (Path(spec.model_dir) / "config.json").is_file():
+            raise InvalidConfigError(f"{spec.model_dir} holds no model (no config.json from save_pretrained)")
+        loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+            str(spec.model_dir), local_files_only=True, dtype=torch.float32
+        )
+        return loaded
     values = dict(spec.config)
     model_type = values.pop("model_type", None)
     if not isinstance(model_type, str):

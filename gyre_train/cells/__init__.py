@@ -19,6 +19,15 @@ from gyre_train.cells.claims import (
     Task,
 )
 from gyre_train.cells.core import run_core
+from gyre_train.cells.live import (
+    LivePublisher,
+    LiveTraining,
+    Resume,
+    bursts_from,
+    feed_batches,
+    policy_dir,
+    resume_point,
+)
 from gyre_train.cells.local import (
     BatchResult,
     gradient_share,
@@ -27,7 +36,8 @@ from gyre_train.cells.local import (
     train_batch_locally,
 )
 from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, plan_reduction
-from gyre_train.cells.processes import CellCluster, run_cell
+from gyre_train.cells.node import NodeAgent, NodePlan, TrainerPlan, stop_processes
+from gyre_train.cells.processes import CellCluster, run_cell, run_live_cell
 from gyre_train.cells.producer import ProducerConfig, stream_batch
 from gyre_train.cells.publish import (
     EnginePublisher,
@@ -38,6 +48,7 @@ from gyre_train.cells.publish import (
     WeightSink,
 )
 from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica
+from gyre_train.cells.rollout import RolloutEngineConfig, newest_policy, rollout_process, serve_rollout
 from gyre_train.cells.satellite import run_satellite
 from gyre_train.cells.session import (
     TINY_QWEN3,
@@ -87,9 +98,13 @@ __all__ = [
     "InMemoryClaims",
     "InMemoryMicroStepQueue",
     "InMemoryWeightSink",
+    "LivePublisher",
+    "LiveTraining",
     "MegatronCells",
     "MicroStepQueue",
     "MooncakeTransport",
+    "NodeAgent",
+    "NodePlan",
     "PendingClaim",
     "Phase",
     "ProducerConfig",
@@ -102,29 +117,41 @@ __all__ = [
     "RedisMicroStepQueue",
     "ReducePlan",
     "Replica",
+    "Resume",
+    "RolloutEngineConfig",
     "SnapshotBoard",
     "SnapshotDescriptor",
     "SyntheticBatchConfig",
     "TakeOver",
     "Task",
     "TorchDistributedTransport",
+    "TrainerPlan",
     "Wait",
     "WeightPublisher",
     "WeightSink",
     "WeightTransport",
+    "bursts_from",
     "cell_configs",
     "decode_micro_step",
     "demo_streaming",
     "encode_micro_step",
     "enqueue_batch",
+    "feed_batches",
     "gradient_share",
     "make_transport",
     "merge_shares",
+    "newest_policy",
     "plan_reduction",
+    "policy_dir",
     "ratio_share",
+    "resume_point",
+    "rollout_process",
     "run_cell",
     "run_core",
+    "run_live_cell",
     "run_satellite",
+    "serve_rollout",
+    "stop_processes",
     "stream_batch",
     "synthetic_batch",
     "train_batch_locally",

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from gyre_store.catalog import (
+    BatchClosed,
     CellRole,
     ContributionAccepted,
     TrainingUpdate,
@@ -113,7 +114,7 @@ def _update(
     c = cell.config
     cell.queue(batch).ack(plan.message_ids())
     contributions: list[Event] = []
-    keys: list[str | None] = []
+    contribution_keys: list[str | None] = []
     for member, held in zip(plan.cells, plan.held, strict=True):
         for _, index in held:
             contributions.append(
@@ -121,8 +122,8 @@ def _update(
                     run_id=c.run_id, batch=batch, micro_step=index, cell=member, policy_version=cell.version
                 )
             )
-            keys.append(contribution_key(c.run_id, batch, index))
-    cell.record(*contributions, keys=tuple(keys))
+            contribution_keys.append(contribution_key(c.run_id, batch, index))
+    cell.record(*contributions, keys=tuple(contribution_keys))
     norm = cell.replica.update()
     cell.version += 1
     cell.replica.expose(cell.version)
@@ -144,18 +145,28 @@ def _update(
             failed_reductions=plan.attempt,
         )
     ]
+    keys: list[str | None] = [None]
+    # The fact the scheduler's decision core counts: this step's optimizer update is done.
+    events.append(BatchClosed(run_id=c.run_id, step=batch))
+    keys.append(f"batch.closed:{c.run_id}/{batch}")
     if final and publisher is not None:
         events.append(WeightsPublished(run_id=c.run_id, policy_version=cell.version, step=batch))
-    cell.record(*events)
+        keys.append(f"published:{c.run_id}/{cell.version}")
+    cell.record(*events, keys=tuple(keys))
     if c.output_dir is not None:
         cell.replica.save(c.output_dir, cell.version)
     cell.board.put_updated(batch, cell.version)
 
 
-def run_core(cell: Cell, bursts: tuple[BurstPlan, ...], publisher: WeightPublisher | None) -> None:
-    """Train every batch of `bursts` as the core; `publisher` gets the final update of each burst."""
+def run_core(
+    cell: Cell, bursts: tuple[BurstPlan, ...], publisher: WeightPublisher | None, *, record_roles: bool = True
+) -> None:
+    """Train every batch of `bursts` as the core; `publisher` gets the final update of each burst.
+
+    `record_roles=False` leaves the cell's role changes to whoever decides them (a live run's
+    controller records them), instead of recording them here."""
     cell.replica.expose(cell.version)
-    in_training = False
+    in_training = not record_roles
     for burst in bursts:
         if not in_training:
             cell.role(CellRole.TRAINING, CellRole.ROLLOUT, "burst start")
@@ -166,6 +177,6 @@ def run_core(cell: Cell, bursts: tuple[BurstPlan, ...], publisher: WeightPublish
             cell.board.open_batch(batch, cell.version)
             plan, loss = _reduce_on_core(cell, batch, final)
             _update(cell, batch, plan, loss, final, publisher)
-        if not burst.core_stays:
+        if not burst.core_stays and record_roles:
             cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: core returns to rollout")
             in_training = False

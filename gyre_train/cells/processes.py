@@ -17,20 +17,33 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import redis
 import torch.distributed as dist
 
-from gyre_store import PostgresEventLog, StoreConfig
+from gyre_store import (
+    PostgresEventLog,
+    PostgresProjectionStore,
+    ProjectionSet,
+    StoreConfig,
+    evaluation_projections,
+)
+from gyre_store.trees import TreeProjection
 from gyre_train.cells.board import RedisBatchBoard
 from gyre_train.cells.cell import BurstPlan, Cell, CellConfig
 from gyre_train.cells.claims import RedisMicroStepQueue
 from gyre_train.cells.core import run_core
+from gyre_train.cells.live import LivePublisher, LiveTraining, bursts_from, feed_batches
 from gyre_train.cells.membership import CORE
 from gyre_train.cells.publish import EnginePublisher
 from gyre_train.cells.replica import Replica, open_backend
@@ -42,6 +55,29 @@ from gyre_train.exceptions import CellFailedError
 def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
     """Entry point of one process: join the world of the K cells, then train as core or satellite
     (the cell's leader) or mirror the leader's model operations (any other rank of the cell)."""
+    _run(config, bursts, None)
+
+
+def run_live_cell(
+    config: CellConfig, training: LiveTraining, publish_dir: Path, first_step: int, version: int
+) -> None:
+    """Entry point of one trainer process of a live run: as `run_cell`, over the bursts of steps
+    `first_step` .. `training.steps - 1`, the core also packing the batches from the trajectory
+    database and publishing to the run's engines. `version` is the policy it starts from."""
+    satellites = config.cells - 1
+    bursts = bursts_from(first_step, training.steps, training.mu, satellites)
+    _run(config, bursts, _Live(training, publish_dir, first_step, version))
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    training: LiveTraining
+    publish_dir: Path
+    first_step: int
+    version: int
+
+
+def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) -> None:
     layout = config.layout
     dist.init_process_group(
         config.dist_backend,
@@ -69,12 +105,45 @@ def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
         # The replica builds one group per participating prefix 2..K, once, on every process.
         replica = Replica(backend, layout, config.loss, transport, board)
         stack.callback(replica.stop)  # followers leave `follow()` however the leader ends
-        cell = Cell(config, log, partial(RedisMicroStepQueue, client, config.queue), board, replica)
-        if config.cell == CORE:
+        queues = partial(RedisMicroStepQueue, client, config.queue)
+        cell = Cell(config, log, queues, board, replica)
+        if live is not None:
+            cell.version = live.version
+        if config.cell != CORE:
+            run_satellite(cell, bursts)
+        elif live is None:
             publisher = stack.enter_context(EnginePublisher(config.engines)) if config.engines else None
             run_core(cell, bursts, publisher)
         else:
-            run_satellite(cell, bursts)
+            if log is None or config.database_url is None:
+                raise CellFailedError("a live run's core needs the run's database")
+            assert isinstance(log, PostgresEventLog)  # opened above from the database URL
+            trainer_projections = ProjectionSet([TreeProjection(), *evaluation_projections()])
+            store = PostgresProjectionStore(log.pool, trainer_projections.tables())
+            stop = threading.Event()
+            stack.callback(stop.set)
+            feeder = threading.Thread(
+                target=_feed_or_die,
+                args=(log, store, config.run_id, live.training, queues, live.first_step, stop),
+                name="gyre-stream-packing",
+                daemon=True,
+            )
+            feeder.start()
+            live_publisher = LivePublisher(
+                log, config.run_id, live.publish_dir, timeout_s=live.training.publish_timeout_s
+            )
+            run_core(cell, bursts, live_publisher, record_roles=False)
+
+
+def _feed_or_die(*args: Any) -> None:
+    """The packing thread of a live core: if it fails, the core cannot go on (it would wait
+    for micro-steps forever), so the process ends with the reason on stderr."""
+    try:
+        feed_batches(*args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(3)
 
 
 class CellCluster:

@@ -24,6 +24,7 @@ from gyre_train.rewards.evaluation import (
     check_result,
 )
 from gyre_train.rewards.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
+from gyre_train.rewards.worker import EvaluatorWorker, WorkerConfig
 
 __all__ = [
     "AdvantageConfig",
@@ -35,12 +36,14 @@ __all__ = [
     "EvaluationResult",
     "EvaluationRunner",
     "Evaluator",
+    "EvaluatorWorker",
     "ExecutionReward",
     "GroupAdvantages",
     "JUnitCounts",
     "MonotonicClock",
     "PreservedState",
     "RewardStatus",
+    "WorkerConfig",
     "check_result",
     "group_advantages",
     "read_junit",

@@ -2,7 +2,9 @@
 
 ``CommandEvaluator`` runs the task's test command with the workspace as its working directory and
 scores the fraction of tests passed, read from the JUnit XML report the command writes (pytest
-``--junitxml``, and most other runners, produce one). A missing workspace is "nothing evaluable";
+``--junitxml``, and most other runners, produce one). Test files kept outside the workspace
+(the agent never sees them) are written to a scratch folder the command names as ``{tests}``.
+A missing workspace is "nothing evaluable";
 a command that times out or leaves no report is an evaluator failure, retried by the runner.
 """
 
@@ -21,6 +23,7 @@ from gyre_train.exceptions import EvaluatorFailure, InvalidConfigError
 from gyre_train.rewards.evaluation import EvaluationResult, PreservedState
 
 REPORT = "{report}"  # placeholder in the command for the JUnit XML report path
+TESTS = "{tests}"  # placeholder for the folder holding the task's test files
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class CommandEvaluator:
         timeout_s: float = 600.0,
         env: Mapping[str, str] | None = None,
         name: str = "command",
+        tests: Mapping[str, str] | None = None,
     ) -> None:
         if not command or not any(REPORT in part for part in command):
             raise InvalidConfigError(f"the test command must contain {REPORT} where the JUnit report goes")
@@ -79,6 +83,9 @@ class CommandEvaluator:
         self._timeout_s = timeout_s
         self._env = dict(env) if env is not None else None
         self._name = name
+        self._tests = dict(tests or {})
+        if any(Path(n).is_absolute() or ".." in Path(n).parts for n in self._tests):
+            raise InvalidConfigError("test file names must be relative and stay inside the tests folder")
 
     @property
     def name(self) -> str:
@@ -95,7 +102,11 @@ class CommandEvaluator:
             )
         with tempfile.TemporaryDirectory(prefix="gyre-eval-") as scratch:
             report = Path(scratch) / "report.xml"
-            argv = [part.replace(REPORT, str(report)) for part in self._command]
+            tests = Path(scratch) / "tests"
+            for name, text in self._tests.items():
+                (tests / name).parent.mkdir(parents=True, exist_ok=True)
+                (tests / name).write_text(text)
+            argv = [part.replace(REPORT, str(report)).replace(TESTS, str(tests)) for part in self._command]
             env = {**os.environ, **self._env} if self._env is not None else None
             try:
                 done = subprocess.run(

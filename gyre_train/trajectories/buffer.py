@@ -13,19 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gyre_store import (
+    BatchGroupClaimed,
     EvaluationsProjection,
     EventLog,
     GroupConsumed,
+    GroupReady,
     GroupsProjection,
     GroupStatus,
     GyreStoreError,
     NewEvent,
     OutcomeStatus,
     ProjectionStore,
+    StreamId,
     catch_up,
     consumption_key,
 )
 from gyre_store.catalog import FinishReason
+from gyre_store.log import EventMetadata
 from gyre_store.projections import Row
 from gyre_store.trees import TreeProjection, TreeView
 from gyre_train.exceptions import GroupNotTrainableError, UnknownGroupError
@@ -139,16 +143,68 @@ class StoreGroupSource:
         return ReadyGroup(group_id, int(group["policy_version"]), tuple(executions))
 
     def take(self, group_id: str) -> ReadyGroup:
-        """Build the group and record that step ``self.step`` consumed it (once per group)."""
+        """Build the group and record that step ``self.step`` consumed it (once per group).
+
+        The same append records the facts the scheduler's decision core counts: the group is
+        ready (``group.ready``, a no-op if the evaluators announced it already) and the packing
+        buffer claimed it for the step (``batch.group_claimed``). Raises UnknownGroupError for a
+        group that is not ready or was consumed already (``retake`` resumes a step's own)."""
         group = _one(self._store.select("gyre_groups", "group_id", group_id))
         if group is None or group["status"] != GroupStatus.READY:
             state = "unknown" if group is None else group["status"]
             raise UnknownGroupError(f"group {group_id} is {state}, not ready")
         ready = self.build(group_id)
-        consumed = GroupConsumed(
-            group_id=group_id, run_id=group["run_id"], step=self.step, trainer=self._config.trainer
-        )
-        [result] = self._log.append([NewEvent(consumed, idempotency_key=consumption_key(group_id))])
-        if result.duplicate:
+        if self._record_take(ready, str(group["run_id"])):
             raise UnknownGroupError(f"group {group_id} was already consumed by another trainer")
         return ready
+
+    def retake(self, group_id: str) -> ReadyGroup:
+        """A group this trainer's current step consumed before a restart, built again (its
+        records stand as they are). Raises UnknownGroupError for any other group."""
+        if self._consumed_by(group_id) != (self.step, self._config.trainer):
+            raise UnknownGroupError(f"group {group_id} was not consumed by step {self.step} of this trainer")
+        return self.build(group_id)
+
+    def _record_take(self, ready: ReadyGroup, run_id: str) -> bool:
+        """Append the take's facts; True when the group had been consumed already."""
+        group_id = ready.group_id
+        consumed = GroupConsumed(
+            group_id=group_id,
+            run_id=run_id,
+            step=self.step,
+            trainer=self._config.trainer,
+            trajectories=sum(len(e.rows) for e in ready.executions),
+            target_tokens=sum(r.target_count for e in ready.executions for r in e.rows),
+        )
+        meta = EventMetadata(run_id=run_id)
+        results = self._log.append(
+            [
+                NewEvent(
+                    GroupReady(group_id=group_id, run_id=run_id), f"group.ready:{group_id}", metadata=meta
+                ),
+                NewEvent(consumed, idempotency_key=consumption_key(group_id), metadata=meta),
+                NewEvent(
+                    BatchGroupClaimed(run_id=run_id, step=self.step, group_id=group_id),
+                    f"batch.claimed:{group_id}",
+                    metadata=meta,
+                ),
+            ]
+        )
+        return results[1].duplicate
+
+    def consumed_by_step(self, step: int) -> tuple[str, ...]:
+        """The groups recorded as consumed by ``step``, in the order they were taken (a trainer
+        resuming a step it had begun takes these again, first)."""
+        return tuple(
+            r.event.group_id
+            for r in self._log.read(0, types=["group.consumed"], limit=1_000_000)
+            if isinstance(r.event, GroupConsumed)
+            and r.event.step == step
+            and r.event.trainer == self._config.trainer
+        )
+
+    def _consumed_by(self, group_id: str) -> tuple[int, str] | None:
+        for recorded in self._log.read_stream(StreamId("group", group_id)):
+            if isinstance(recorded.event, GroupConsumed):
+                return recorded.event.step, recorded.event.trainer
+        return None

@@ -1,0 +1,194 @@
+"""A live run's figures, read from its event log alone: per step, staleness, held-out evaluation.
+
+Nothing here is counted in process: a step's reward is the mean of the recorded outcomes of
+the executions in the groups that step consumed; its admitted trajectories and target tokens
+are what the packing buffer recorded when it took each group; its wall time runs from the
+previous step's ``batch.closed`` (the run's start for step 0) to its own. The staleness of a
+consumed group is ``d = v_t - v_d``: the step that consumed it (the version trained before
+that step) minus the version published when it was dispatched. Held-out evaluations are the
+side runs ``<run>~<name>``; an instance passes when its reward is 1.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+
+import msgspec
+
+from gyre_store.catalog import (
+    BatchClosed,
+    CellRole,
+    CellRoleChanged,
+    ExecutionDispatched,
+    ExecutionExcluded,
+    GroupConsumed,
+    GroupDispatched,
+    PlaceholderInserted,
+    RewardAssigned,
+    RunStarted,
+    TrainingUpdate,
+)
+from gyre_store.log import EventLog, RecordedEvent
+
+REPORT_TYPES = (
+    "run.started",
+    "group.dispatched",
+    "execution.dispatched",
+    "group.consumed",
+    "reward.assigned",
+    "reward.placeholder",
+    "reward.excluded",
+    "train.update",
+    "batch.closed",
+    "cell.role_changed",
+)
+
+
+__all__ = ["HeldOut", "RunReport", "Staleness", "StepFigures", "run_report"]
+
+
+class StepFigures(msgspec.Struct, frozen=True, kw_only=True):
+    step: int
+    policy_version: int
+    mean_reward: float | None
+    groups: int
+    executions: int
+    admitted_trajectories: int
+    trainable_tokens: int
+    loss: float | None
+    grad_norm: float | None
+    wall_s: float | None
+
+
+class Staleness(msgspec.Struct, frozen=True, kw_only=True):
+    measured_mean: float | None
+    expected_mean: float
+    groups: int
+    histogram: dict[str, int]
+
+
+class HeldOut(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    executions: int
+    passed: int
+    mean_reward: float | None
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.executions if self.executions else None
+
+
+class RunReport(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    steps: list[StepFigures]
+    staleness: Staleness
+    held_out: list[HeldOut]
+    transitions: int
+    wall_s: float | None
+
+
+def _rewards(events: Iterable[RecordedEvent]) -> dict[str, float | None]:
+    """Execution -> its reward (a placeholder counts as 0; excluded: None)."""
+    out: dict[str, float | None] = {}
+    for recorded in events:
+        match recorded.event:
+            case RewardAssigned(execution_id=eid, reward=reward):
+                out[eid] = float(reward)
+            case PlaceholderInserted(execution_id=eid):
+                out[eid] = 0.0
+            case ExecutionExcluded(execution_id=eid):
+                out[eid] = None
+            case _:
+                pass
+    return out
+
+
+def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
+    """Every figure of run ``run_id`` as its log records it now."""
+    side = run_id + "~"
+    events = [
+        r
+        for r in log.read(0, types=REPORT_TYPES, limit=10_000_000)
+        if getattr(r.event, "run_id", None) == run_id or str(getattr(r.event, "run_id", "")).startswith(side)
+    ]
+    mine = [r for r in events if r.event.run_id == run_id]  # type: ignore[attr-defined]
+    started: datetime | None = next((r.recorded_at for r in mine if isinstance(r.event, RunStarted)), None)
+    dispatched_version = {
+        r.event.group_id: r.event.policy_version for r in mine if isinstance(r.event, GroupDispatched)
+    }
+    members: dict[str, list[str]] = defaultdict(list)
+    for r in mine:
+        if isinstance(r.event, ExecutionDispatched):
+            members[r.event.group_id].append(r.event.execution_id)
+    rewards = _rewards(mine)
+    consumed: dict[int, list[GroupConsumed]] = defaultdict(list)
+    for r in mine:
+        if isinstance(r.event, GroupConsumed):
+            consumed[r.event.step].append(r.event)
+    updates = {r.event.batch: r.event for r in mine if isinstance(r.event, TrainingUpdate)}
+    closed = {r.event.step: r.recorded_at for r in mine if isinstance(r.event, BatchClosed)}
+    steps: list[StepFigures] = []
+    for step in sorted(closed):
+        groups = consumed.get(step, [])
+        executions = [e for g in groups for e in members.get(g.group_id, [])]
+        valid = [v for e in executions if (v := rewards.get(e)) is not None]
+        previous = closed.get(step - 1, started)
+        update = updates.get(step)
+        steps.append(
+            StepFigures(
+                step=step,
+                policy_version=update.policy_version if update else step + 1,
+                mean_reward=sum(valid) / len(valid) if valid else None,
+                groups=len(groups),
+                executions=len(executions),
+                admitted_trajectories=sum(g.trajectories for g in groups),
+                trainable_tokens=sum(g.target_tokens for g in groups),
+                loss=update.loss if update else None,
+                grad_norm=update.grad_norm if update else None,
+                wall_s=(closed[step] - previous).total_seconds() if previous is not None else None,
+            )
+        )
+    stale = [
+        g.step - dispatched_version[g.group_id]
+        for gs in consumed.values()
+        for g in gs
+        if g.group_id in dispatched_version
+    ]
+    histogram: dict[str, int] = defaultdict(int)
+    for d in stale:
+        histogram[str(d)] += 1
+    side_runs: dict[str, list[str]] = defaultdict(list)
+    for r in events:
+        if isinstance(r.event, ExecutionDispatched) and r.event.run_id.startswith(side):
+            side_runs[r.event.run_id.removeprefix(side)].append(r.event.execution_id)
+    side_rewards = _rewards(r for r in events if r.event.run_id.startswith(side))  # type: ignore[attr-defined]
+    held_out = []
+    for name, executions in sorted(side_runs.items()):
+        scored = [v for e in executions if (v := side_rewards.get(e)) is not None]
+        held_out.append(
+            HeldOut(
+                name=name,
+                executions=len(scored),
+                passed=sum(v >= 1.0 for v in scored),
+                mean_reward=sum(scored) / len(scored) if scored else None,
+            )
+        )
+    transitions = sum(
+        isinstance(r.event, CellRoleChanged) and r.event.role is CellRole.TRANSITIONING for r in mine
+    )
+    last = max(closed.values(), default=None)
+    return RunReport(
+        run_id=run_id,
+        steps=steps,
+        staleness=Staleness(
+            measured_mean=sum(stale) / len(stale) if stale else None,
+            expected_mean=phi + (mu - 1) / 2,
+            groups=len(stale),
+            histogram=dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        ),
+        held_out=held_out,
+        transitions=transitions,
+        wall_s=(last - started).total_seconds() if last is not None and started is not None else None,
+    )

@@ -1,0 +1,195 @@
+"""The evaluator worker: scores a run's finished executions and announces ready groups.
+
+It follows a run's log. When an execution finishes, it evaluates the execution's preserved
+workspace with its task's tests (``CommandEvaluator``, the task's ``test_command`` and hidden
+test files from ``task.defined``) through the ``EvaluationRunner``, which applies the rules for
+partial work, pending evaluations, retries, exclusion and placeholders. After each outcome it
+folds the groups projection and appends ``group.ready`` for every group that became ready:
+the group projection decides readiness, this worker is the component that writes the fact.
+
+Several workers may serve one run: outcomes and group announcements are idempotent per
+execution and per group, and each settles executions in its own threads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from gyre_store import (
+    EventLog,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionStartRequested,
+    GroupReady,
+    GroupStatus,
+    NewEvent,
+    ProjectionStore,
+    RecordedEvent,
+    TaskDefined,
+    catch_up,
+    evaluation_projections,
+)
+from gyre_store.log import EventMetadata
+from gyre_train.exceptions import InvalidConfigError
+from gyre_train.rewards.evaluation import (
+    EvaluationConfig,
+    EvaluationOutcome,
+    EvaluationResult,
+    EvaluationRunner,
+    PreservedState,
+)
+from gyre_train.rewards.evaluators import CommandEvaluator
+
+FOLLOWED = ("task.defined", "execution.dispatched", "execution.start_requested", "execution.finished")
+PYTHON = "{python}"  # placeholder in a task's test command for this interpreter
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Which run to serve, how many evaluations at once, and the evaluation rules."""
+
+    run_id: str
+    threads: int = 2
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    settle_window_s: float = 120.0  # how long a failing evaluation is retried before exclusion
+    poll_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.threads < 1 or self.settle_window_s <= 0:
+            raise InvalidConfigError("threads must be >= 1 and settle_window_s positive")
+
+
+def serves(run_id: str, candidate: str) -> bool:
+    """The run itself and its side runs (``<run>~<name>``, such as held-out evaluations)."""
+    return candidate == run_id or candidate.startswith(run_id + "~")
+
+
+class EvaluatorWorker:
+    """Follows one run; ``step()`` handles what is new, ``run(stop)`` loops until stopped."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        store: ProjectionStore,
+        config: WorkerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.store = store
+        self.config = config
+        self._clock = clock
+        self._tasks: dict[tuple[str, str], TaskDefined] = {}
+        self._task_of: dict[str, tuple[str, str]] = {}
+        self._grouped: set[str] = set()  # executions dispatched into a rollout group
+        self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="gyre-evaluate")
+        self._inflight: dict[str, Future[EvaluationOutcome]] = {}
+        self._announced: set[str] = set()
+        self._after = 0
+        self.settled = 0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+    # -- following ---------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Read new events, start evaluations of newly finished executions, collect finished
+        evaluations and announce ready groups; returns how many outcomes were collected."""
+        head = self.log.head()
+        while self._after < head:
+            batch = self.log.read(self._after, until=head, types=FOLLOWED)
+            if not batch:
+                break
+            for recorded in batch:
+                self._note(recorded)
+            self._after = batch[-1].position
+        self._after = max(self._after, head)
+        done = [e for e, f in self._inflight.items() if f.done()]
+        for execution_id in done:
+            self._inflight.pop(execution_id).result()  # re-raises what the runner could not record
+        if done and self._grouped:
+            self._announce_ready_groups()
+        self.settled += len(done)
+        return len(done)
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                self.step()
+                self.log.wait(self._after, self.config.poll_s)
+        finally:
+            self.close()
+
+    @property
+    def pending(self) -> int:
+        return len(self._inflight)
+
+    def _note(self, recorded: RecordedEvent) -> None:
+        event = recorded.event
+        run_id = getattr(event, "run_id", "")
+        if not serves(self.config.run_id, run_id):
+            return
+        match event:
+            case TaskDefined(task_id=task_id):
+                self._tasks[(run_id, task_id)] = event
+            case ExecutionStartRequested(execution_id=execution_id, task_id=task_id):
+                self._task_of[execution_id] = (run_id, task_id)
+            case ExecutionDispatched(execution_id=execution_id):
+                if run_id == self.config.run_id:
+                    self._grouped.add(execution_id)
+            case ExecutionFinished(execution_id=execution_id):
+                if execution_id not in self._inflight:
+                    self._inflight[execution_id] = self._pool.submit(self._settle, execution_id)
+
+    # -- one execution -----------------------------------------------------------------------
+
+    def _evaluator(self, execution_id: str) -> CommandEvaluator:
+        key = self._task_of.get(execution_id)
+        task = self._tasks.get(key) if key is not None else None
+        if task is None or not task.test_command:
+            # The runner records this as a failed evaluation; the execution is then excluded.
+            raise InvalidConfigError(f"execution {execution_id} has no task with a test command")
+        command = [part.replace(PYTHON, sys.executable) for part in task.test_command]
+        return CommandEvaluator(command, tests=task.tests, name=f"tests:{task.family or task.task_id}")
+
+    def _settle(self, execution_id: str) -> EvaluationOutcome:
+        runner = EvaluationRunner(self.log, _Deferred(self, execution_id), self.config.evaluation)
+        return runner.settle(execution_id, deadline=self._clock() + self.config.settle_window_s)
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def _announce_ready_groups(self) -> None:
+        head = self.log.head()
+        for projection in evaluation_projections():
+            catch_up(self.log, self.store, projection, until=head)
+        events: list[NewEvent] = []
+        for row in self.store.select("gyre_groups", "status", GroupStatus.READY):
+            group_id, run_id = str(row["group_id"]), str(row["run_id"])
+            if group_id in self._announced or run_id != self.config.run_id:
+                continue
+            self._announced.add(group_id)
+            ready = GroupReady(group_id=group_id, run_id=run_id)
+            events.append(NewEvent(ready, f"group.ready:{group_id}", metadata=EventMetadata(run_id=run_id)))
+        if events:
+            self.log.append(events)
+
+
+class _Deferred:
+    """The evaluator of one execution, built when the runner first asks (its task may be
+    defined after the worker saw the execution finish)."""
+
+    def __init__(self, worker: EvaluatorWorker, execution_id: str) -> None:
+        self._worker, self._execution_id = worker, execution_id
+
+    @property
+    def name(self) -> str:
+        return "tests"
+
+    def evaluate(self, state: PreservedState) -> EvaluationResult:
+        return self._worker._evaluator(self._execution_id).evaluate(state)

@@ -1,0 +1,88 @@
+"""A node's share of a live run, built from the run's recorded configuration and its log.
+
+This machine's rollout engines (``--engines``) and, when it runs them, every trainer cell
+(``--trainers all``), resumed after the run's last publication. Engines are named
+``<run>:pool-<n>``, numbered from ``--engine-offset`` so that several nodes name theirs apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre_proxy.engines import free_port
+from gyre_store import EventLog
+from gyre_tools.run_config import RunConfig
+from gyre_tools.serve import group_source, packing
+from gyre_train.backends import ModelSpec, OptimizerConfig
+from gyre_train.cells import (
+    CellConfig,
+    LiveTraining,
+    NodePlan,
+    QueueConfig,
+    RolloutEngineConfig,
+    TrainerPlan,
+    resume_point,
+)
+
+
+def node_plan(
+    log: EventLog,
+    config: RunConfig,
+    *,
+    run_id: str,
+    database_url: str,
+    redis_url: str,
+    engines: str,
+    engine_offset: int,
+    trainers: str,
+    dist_port: int,
+) -> NodePlan:
+    run_dir = Path(config.run_dir)
+    publish_dir = run_dir / "policies"
+    initial = Path(config.model.init)
+    count = config.rollout_engines if engines == "all" else 0 if engines == "none" else int(engines)
+    engine_configs = tuple(
+        RolloutEngineConfig(
+            run_id=run_id,
+            engine=f"{run_id}:pool-{engine_offset + i}",
+            cell_index=-1,
+            capacity=config.engine_capacity,
+            database_url=database_url,
+            initial_model=initial,
+            publish_dir=publish_dir,
+            max_context=config.model.max_context,
+            seed=config.seed + engine_offset + i,
+        )
+        for i in range(count)
+    )
+    trainer_plan = None
+    if trainers == "all":
+        training = LiveTraining(
+            steps=config.steps, mu=config.mu, packing=packing(config), groups=group_source(config)
+        )
+        resume = resume_point(log, run_id, config.mu, publish_dir)
+        if resume.step < config.steps:
+            spec = ModelSpec(config={}, seed=config.seed, model_dir=resume.model_dir or initial)
+            optimizer = OptimizerConfig(
+                kind=config.train.optimizer, lr=config.train.lr, max_grad_norm=config.train.max_grad_norm
+            )
+            port = dist_port or free_port()
+            cells = tuple(
+                CellConfig(
+                    run_id=run_id,
+                    cell=cell,
+                    cells=config.cells,
+                    redis_url=redis_url,
+                    dist_init=f"tcp://127.0.0.1:{port}",
+                    queue=QueueConfig(
+                        prefix=f"gyre:{run_id}:from{resume.step}", claim_timeout_s=30.0, poll_s=0.01
+                    ),
+                    model=spec,
+                    optimizer=optimizer,
+                    database_url=database_url,
+                    wait_timeout_s=600.0,
+                )
+                for cell in range(config.cells)
+            )
+            trainer_plan = TrainerPlan(cells, training, publish_dir, resume.step, resume.version)
+    return NodePlan(engines=engine_configs, trainers=trainer_plan)

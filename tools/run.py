@@ -1,0 +1,353 @@
+"""``gyre run`` and ``gyre demo``: a live RL run on real processes, from one config file.
+
+Reads top to bottom: open the store (embedded servers when none is configured), resolve the
+run (a new one, or the one whose id is given, continued), make sure the starting policy
+exists, record the configuration and the tasks, start the run's processes (a node agent with
+the rollout engines and trainer cells, the proxy, the launcher, an evaluator worker, the
+controller), evaluate the held-out tasks, record ``run.started`` (the controller then
+dispatches), follow the run until its last publication, evaluate the held-out tasks again,
+stop the processes, and write the report (JSON, plots, TensorBoard) from the log alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.live import Live
+from rich.table import Table
+
+from gyre_proxy.engines import free_port
+from gyre_sched import register_sched_events
+from gyre_store import (
+    EngineRegistered,
+    EventLog,
+    EventMetadata,
+    ExecutionDispatched,
+    ExecutionStartRequested,
+    NewEvent,
+    RunConfigured,
+    RunStarted,
+    StreamId,
+    TaskDefined,
+    TaskSplit,
+    WeightsPublished,
+    run_report,
+)
+from gyre_tools.cli import add_env_argument
+from gyre_tools.common import add_store_arguments, console, open_store
+from gyre_tools.run_config import DEMO, RunConfig, parse_config, read_config, to_toml
+from gyre_tools.run_outputs import write_outputs
+from gyre_tools.warmstart import ensure_policy
+from gyre_train.tasks import task_suite
+
+PROCESS_NAMES = ("node", "proxy", "launcher", "evaluator", "controller")
+
+
+def register(subparsers: Any) -> None:
+    run = subparsers.add_parser("run", help="a live RL run from a config file")
+    demo = subparsers.add_parser("demo", help="a short live run on the embedded PostgreSQL and Redis")
+    for parser in (run, demo):
+        add_store_arguments(parser)
+        parser.add_argument("--json", type=Path, help="write the run's figures here as JSON")
+        add_env_argument(
+            parser, "--metrics", "GYRE_RUN_METRICS", default="tensorboard", help="tensorboard or none"
+        )
+        parser.add_argument("--quiet", action="store_true", help="no live view")
+    add_env_argument(run, "--config", "GYRE_RUN_CONFIG", help="the run's TOML file (see --write-config)")
+    add_env_argument(run, "--run-id", "GYRE_RUN_ID", help="continue this run (default: the config's run_id)")
+    run.add_argument("--write-config", type=Path, help="write the demo's commented config here and exit")
+    run.set_defaults(func=run_command)
+    demo.set_defaults(func=demo_command)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    args.config, args.write_config, args.run_id = None, None, None
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if getattr(args, "write_config", None):
+        args.write_config.write_text(to_toml(DEMO))
+        console.print(f"wrote the demo's configuration to {args.write_config}")
+        return 0
+    config = read_config(Path(args.config)) if args.config else DEMO
+    started = time.monotonic()
+    register_sched_events()
+    with open_store(args, with_redis=True) as opened:
+        run = LiveRun(opened.log, config, Path(args.data_dir), args.run_id or config.run_id or None)
+        env = {
+            **os.environ,
+            "GYRE_DATABASE_URL": opened.services.database_url,
+            "GYRE_REDIS_URL": opened.services.redis_url,
+            "GYRE_DATA_DIR": str(args.data_dir),
+        }
+        run.prepare()
+        try:
+            run.start(env)
+            run.follow(live_view=not args.quiet)
+        finally:
+            run.stop()
+        report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)
+        summary = write_outputs(report, run.config, Path(run.config.run_dir), metrics=args.metrics)
+        summary["wall_s"] = round(time.monotonic() - started, 1)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    console.print(run.verdict(summary))
+    return 0 if run.failed is None else 3
+
+
+@dataclass
+class LiveRun:
+    log: EventLog
+    requested: RunConfig
+    data_dir: Path
+    run_id_arg: str | None
+    run_id: str = ""
+    config: RunConfig = field(default_factory=RunConfig)
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    failed: str | None = None
+    proxy_url: str = ""
+
+    # -- the run and its configuration -----------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Resolve the run: a recorded one continues with its recorded config; a new one gets
+        its starting policy, its folder, its recorded config and its tasks."""
+        self.run_id = self.run_id_arg or f"run-{uuid.uuid4().hex[:8]}"
+        recorded = self._recorded()
+        if recorded is not None:
+            self.config = recorded
+            console.print(f"continuing run [bold]{self.run_id}[/bold] with its recorded configuration")
+            return
+        run_dir = Path(self.requested.run_dir or self.data_dir / "runs" / self.run_id).resolve()
+        policy = ensure_policy(self.requested, self.data_dir)
+        resolved = parse_config(
+            to_toml(_replace(self.requested, run_id=self.run_id, run_dir=str(run_dir), init=str(policy)))
+        )
+        self.config = resolved
+        meta = EventMetadata(run_id=self.run_id)
+        events = [
+            NewEvent(
+                RunConfigured(run_id=self.run_id, config_toml=to_toml(resolved)),
+                f"configured:{self.run_id}",
+                metadata=meta,
+            )
+        ]
+        for task in task_suite(
+            resolved.tasks.family,
+            self.run_id,
+            train=resolved.tasks.train,
+            heldout=resolved.tasks.heldout,
+            seed=resolved.seed,
+            budget_s=resolved.tasks.budget_s,
+        ):
+            events.append(NewEvent(task, f"task:{self.run_id}/{task.task_id}", metadata=meta))
+        self.log.append(events)
+        console.print(f"run [bold]{self.run_id}[/bold]: {len(events) - 1} tasks, folder {run_dir}")
+
+    def _recorded(self) -> RunConfig | None:
+        for recorded in self.log.read_stream(StreamId("run", self.run_id)):
+            if isinstance(recorded.event, RunConfigured):
+                return parse_config(recorded.event.config_toml, where=f"run {self.run_id}")
+        return None
+
+    # -- processes ---------------------------------------------------------------------------------
+
+    def start(self, env: dict[str, str]) -> None:
+        logs = Path(self.config.run_dir) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.proxy_url = f"http://127.0.0.1:{port}"
+        gyre = [sys.executable, "-m", "gyre_tools.cli"]
+        run = ["--run", self.run_id]
+        commands = {
+            "node": [*gyre, "node", "serve", *run],
+            "proxy": [*gyre, "proxy", "serve", *run, "--port", str(port), "--harness", self.config.harness,
+                      "--context-limit", str(self.config.model.max_context)],
+            "launcher": [*gyre, "launcher", "serve", *run, "--proxy-url", self.proxy_url],
+            "evaluator": [*gyre, "evaluator", "serve", *run],
+            "controller": [*gyre, "controller", "serve", *run],
+        }  # fmt: skip
+        for name in PROCESS_NAMES:
+            out = (logs / f"{name}.log").open("ab")
+            self.children[name] = subprocess.Popen(
+                commands[name], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        self._wait_for_engines(timeout_s=180.0)
+
+    def _check_children(self) -> None:
+        for name, child in self.children.items():
+            code = child.poll()
+            if code is not None and self.failed is None:
+                self.failed = f"the {name} process exited {code} (see {self.config.run_dir}/logs/{name}.log)"
+        if self.failed:
+            raise RunFailed(self.failed)
+
+    def _wait_for_engines(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self._engines()) < self.config.rollout_engines:
+            self._check_children()
+            if time.monotonic() > deadline:
+                raise RunFailed(f"the rollout engines did not register within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _engines(self) -> set[str]:
+        return {
+            r.event.engine
+            for r in self.log.read(0, types=["engine.registered"], limit=100_000)
+            if isinstance(r.event, EngineRegistered) and r.event.run_id == self.run_id
+        }
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + 20
+        for child in self.children.values():
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(5)
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def follow(self, *, live_view: bool) -> None:
+        c = self.config
+        if c.eval.heldout:
+            self._held_out("heldout-before")
+        if not any(
+            isinstance(r.event, RunStarted) for r in self.log.read_stream(StreamId("run", self.run_id))
+        ):
+            started = RunStarted(
+                run_id=self.run_id, harness=c.harness, model=c.model.init, group_size=c.N, batch_groups=c.B,
+                cells=c.cells, cell_capacity=c.engine_capacity,
+                separate_capacity=c.rollout_engines * c.engine_capacity, phi=c.phi, mu=c.mu,
+                max_trajectories=c.train.jmax,
+            )  # fmt: skip
+            self.log.append(
+                [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]
+            )
+        with Live(self._view(), console=console, refresh_per_second=2, transient=not live_view) as live:
+            while self._published() < c.steps:
+                self._check_children()
+                time.sleep(0.5)
+                if live_view:
+                    live.update(self._view())
+        if c.eval.heldout:
+            self._held_out("heldout-after")
+
+    def _published(self) -> int:
+        versions = [
+            r.event.policy_version
+            for r in self.log.read_stream(StreamId("policy", self.run_id))
+            if isinstance(r.event, WeightsPublished)
+        ]
+        return max(versions, default=0)
+
+    def _held_out(self, name: str) -> None:
+        """Run every held-out task once in the side run ``<run>~<name>`` and wait for the scores."""
+        side = f"{self.run_id}~{name}"
+        tasks = [
+            r.event.task_id
+            for r in self.log.read(0, types=["task.defined"], limit=1_000_000)
+            if isinstance(r.event, TaskDefined)
+            and r.event.run_id == self.run_id
+            and r.event.split is TaskSplit.HELDOUT
+        ]
+        meta = EventMetadata(run_id=side)
+        events: list[NewEvent] = []
+        for i, task in enumerate(tasks):
+            eid = f"{side}/e{i}"
+            events.append(
+                NewEvent(
+                    ExecutionDispatched(
+                        execution_id=eid, run_id=side, group_id=f"{side}/g0", policy_version=self._published()
+                    ),
+                    f"dispatch:{eid}",
+                    metadata=meta,
+                )
+            )
+            events.append(
+                NewEvent(
+                    ExecutionStartRequested(
+                        execution_id=eid,
+                        run_id=side,
+                        task_id=task,
+                        engine="pool",
+                        harness=self.config.harness,
+                    ),
+                    f"start:{eid}",
+                    metadata=meta,
+                )
+            )
+        self.log.append(events)
+        with console.status(f"held-out evaluation {name}: {len(tasks)} tasks") as status:
+            while True:
+                self._check_children()
+                report = run_report(self.log, self.run_id, phi=self.config.phi, mu=self.config.mu)
+                done = next((h for h in report.held_out if h.name == name), None)
+                scored = done.executions if done else 0
+                status.update(f"held-out evaluation {name}: {scored}/{len(tasks)} scored")
+                if scored >= len(tasks):
+                    return
+                time.sleep(0.5)
+
+    def _view(self) -> Table:
+        report = run_report(self.log, self.run_id, phi=self.config.phi, mu=self.config.mu)
+        table = Table(
+            title=f"gyre run {self.run_id} ({self.config.policy}, phi={self.config.phi}, mu={self.config.mu})"
+        )
+        for column in ("step", "version", "reward", "groups", "trajectories", "tokens", "loss", "wall s"):
+            table.add_column(column, justify="right")
+        for s in report.steps[-12:]:
+            table.add_row(
+                str(s.step), str(s.policy_version), _fmt(s.mean_reward), str(s.groups), str(s.admitted_trajectories),
+                str(s.trainable_tokens), _fmt(s.loss), _fmt(s.wall_s, 1),
+            )  # fmt: skip
+        counts = _lifecycle(self.log, self.run_id)
+        table.caption = (
+            f"d={counts['d']} p={counts['p']} f={counts['f']}  waterlevel w={counts['d'] - counts['f']}  "
+            f"queued={counts['d'] - counts['p']} running={counts['p'] - counts['f']}  "
+            f"engines: {len(self._engines())} rollout (pool), cells: {self.config.cells} training  "
+            f"published v{self._published()}/{self.config.steps}"
+        )
+        return table
+
+    def verdict(self, summary: dict[str, Any]) -> str:
+        if self.failed:
+            return f"[red]run {self.run_id} failed: {self.failed}[/red]"
+        return summary.get("verdict", "")
+
+
+class RunFailed(RuntimeError):
+    """A process of the run died or the run could not go on."""
+
+
+def _lifecycle(log: EventLog, run_id: str) -> dict[str, int]:
+    counts = {"d": 0, "p": 0, "f": 0}
+    kinds = {"execution.dispatched": "d", "execution.started": "p", "execution.finished": "f"}
+    for recorded in log.read(0, types=list(kinds), limit=10_000_000):
+        if getattr(recorded.event, "run_id", None) == run_id:
+            counts[kinds[recorded.event_type]] += 1
+    return counts
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _replace(config: RunConfig, *, run_id: str, run_dir: str, init: str) -> RunConfig:
+    import msgspec
+
+    model = msgspec.structs.replace(config.model, init=init)
+    return msgspec.structs.replace(config, run_id=run_id, run_dir=run_dir, model=model)

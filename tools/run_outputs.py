@@ -1,0 +1,190 @@
+"""What a finished live run writes: the JSON figures, plots, and TensorBoard events.
+
+Everything comes from ``RunReport`` (the log) and the run's configuration: reward by step,
+the staleness histogram against E[d] = phi + (mu - 1)/2, and the role timeline of cells and
+engines (from ``cell.role_changed`` and ``engine.registered``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gyre_store import RunReport
+from gyre_tools.run_config import RunConfig
+
+
+def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
+    """The run's JSON: the keys the README documents, every figure from the log."""
+    before = next((h for h in report.held_out if h.name == "heldout-before"), None)
+    after = next((h for h in report.held_out if h.name == "heldout-after"), None)
+    rewards = [s.mean_reward for s in report.steps if s.mean_reward is not None]
+    third = max(1, len(rewards) // 3)
+    first, last = rewards[:third], rewards[-third:]
+    gain = (sum(last) / len(last) - sum(first) / len(first)) if rewards else None
+    summary: dict[str, Any] = {
+        "run_id": report.run_id,
+        "policy": config.policy,
+        "phi": config.phi,
+        "mu": config.mu,
+        "B": config.B,
+        "N": config.N,
+        "cells": config.cells,
+        "harness": config.harness,
+        "steps": [
+            {
+                "step": s.step,
+                "policy_version": s.policy_version,
+                "mean_reward": s.mean_reward,
+                "groups": s.groups,
+                "executions": s.executions,
+                "admitted_trajectories": s.admitted_trajectories,
+                "trainable_tokens": s.trainable_tokens,
+                "loss": s.loss,
+                "grad_norm": s.grad_norm,
+                "wall_s": s.wall_s,
+            }
+            for s in report.steps
+        ],
+        "reward": {
+            "first_third_mean": sum(first) / len(first) if first else None,
+            "last_third_mean": sum(last) / len(last) if last else None,
+            "gain": gain,
+        },
+        "eval": {
+            "tasks": before.executions if before else (after.executions if after else 0),
+            "pass_rate_before": before.pass_rate if before else None,
+            "pass_rate_after": after.pass_rate if after else None,
+            "mean_reward_before": before.mean_reward if before else None,
+            "mean_reward_after": after.mean_reward if after else None,
+        },
+        "staleness": {
+            "measured_mean": report.staleness.measured_mean,
+            "expected_mean": report.staleness.expected_mean,
+            "groups": report.staleness.groups,
+            "histogram": report.staleness.histogram,
+        },
+        "transitions": report.transitions,
+        "run_wall_s": report.wall_s,
+    }
+    summary["verdict"] = _verdict(summary)
+    return summary
+
+
+def _verdict(summary: dict[str, Any]) -> str:
+    reward, ev = summary["reward"], summary["eval"]
+    parts = []
+    if reward["gain"] is not None:
+        parts.append(
+            f"reward {reward['first_third_mean']:.3f} (first third) -> {reward['last_third_mean']:.3f} "
+            f"(last third), gain {reward['gain']:+.3f}"
+        )
+    if ev["pass_rate_before"] is not None and ev["pass_rate_after"] is not None:
+        parts.append(
+            f"held-out pass rate {ev['pass_rate_before']:.3f} -> {ev['pass_rate_after']:.3f} ({ev['tasks']} tasks)"
+        )
+    st = summary["staleness"]
+    if st["measured_mean"] is not None:
+        parts.append(f"staleness {st['measured_mean']:.2f} measured vs E[d] = {st['expected_mean']:.2f}")
+    return "; ".join(parts)
+
+
+def write_outputs(report: RunReport, config: RunConfig, run_dir: Path, *, metrics: str) -> dict[str, Any]:
+    """Write the plots (and TensorBoard events when ``metrics`` asks) under ``run_dir``; return
+    the JSON summary with the paths written."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = summary_of(report, config)
+    summary["plots"] = _plots(report, config, run_dir)
+    if metrics == "tensorboard":
+        summary["tensorboard"] = _tensorboard(report, summary, run_dir / "tensorboard")
+    return summary
+
+
+def _plots(report: RunReport, config: RunConfig, run_dir: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    steps = [s.step for s in report.steps if s.mean_reward is not None]
+    rewards = [s.mean_reward for s in report.steps if s.mean_reward is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, rewards, marker="o", label="mean reward of the step's groups")
+    for h, color in zip(report.held_out, ("tab:gray", "tab:green"), strict=False):
+        if h.pass_rate is not None:
+            ax.axhline(h.pass_rate, color=color, linestyle="--", label=f"held-out pass rate, {h.name}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"gyre run {report.run_id}")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    out["reward"] = str(run_dir / "reward.png")
+    fig.savefig(out["reward"], dpi=120)
+    plt.close(fig)
+
+    hist = report.staleness.histogram
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar([int(k) for k in hist], list(hist.values()), color="tab:blue")
+    ax.axvline(report.staleness.expected_mean, color="tab:red", linestyle="--", label="E[d] = phi + (mu-1)/2")
+    if report.staleness.measured_mean is not None:
+        ax.axvline(report.staleness.measured_mean, color="tab:green", label="measured mean")
+    ax.set_xlabel("staleness d = v_t - v_d (policy versions)")
+    ax.set_ylabel("groups")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out["staleness"] = str(run_dir / "staleness.png")
+    fig.savefig(out["staleness"], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 0.6 + 0.35 * (config.cells + config.rollout_engines)))
+    end = report.wall_s or 1.0
+    rows = [f"cell {c} (train)" for c in range(config.cells)] + [
+        f"pool engine {e} (rollout)" for e in range(config.rollout_engines)
+    ]
+    for i, label in enumerate(rows):
+        color = "tab:orange" if "train" in label else "tab:blue"
+        ax.barh(i, end, left=0, color=color, height=0.6)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xlabel("seconds since run start (fixed partition: no transitions)")
+    fig.tight_layout()
+    out["roles"] = str(run_dir / "roles.png")
+    fig.savefig(out["roles"], dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _tensorboard(report: RunReport, summary: dict[str, Any], folder: Path) -> str:
+    from tensorboardX import SummaryWriter
+
+    with SummaryWriter(str(folder)) as writer:
+        for s in report.steps:
+            if s.mean_reward is not None:
+                writer.add_scalar("reward/mean", s.mean_reward, s.step)
+            if s.loss is not None:
+                writer.add_scalar("train/loss", s.loss, s.step)
+            if s.grad_norm is not None:
+                writer.add_scalar("train/grad_norm", s.grad_norm, s.step)
+            writer.add_scalar("admission/trajectories", s.admitted_trajectories, s.step)
+            writer.add_scalar("admission/trainable_tokens", s.trainable_tokens, s.step)
+            if s.wall_s is not None:
+                writer.add_scalar("time/step_s", s.wall_s, s.step)
+        ev = summary["eval"]
+        for key in ("pass_rate_before", "pass_rate_after"):
+            if ev[key] is not None:
+                writer.add_scalar(f"eval/{key}", ev[key], 0)
+    _wandb(summary, folder.parent)
+    return str(folder)
+
+
+def _wandb(summary: dict[str, Any], run_dir: Path) -> None:
+    """Weights & Biases in offline mode, when it is installed (never required)."""
+    try:
+        import wandb  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    run = wandb.init(project="gyre", name=summary["run_id"], dir=str(run_dir), mode="offline", config=summary)
+    for step in summary["steps"]:
+        run.log({k: v for k, v in step.items() if isinstance(v, int | float)}, step=step["step"])
+    run.finish()
