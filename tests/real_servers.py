@@ -17,11 +17,13 @@ import pytest
 def unavailable(name: str, reason: str) -> NoReturn:
     """Fail (or skip, under ``GYRE_TEST_SKIP_<NAME>=1``) because NAME is not usable: REASON."""
     key = name.upper()
-    reason = os.environ.get(f"GYRE_TEST_{key}_ERROR") or reason
+    setup_error = os.environ.get(f"GYRE_TEST_{key}_ERROR")
+    if setup_error:
+        reason = f"tools/run-tests.sh could not set it up: {setup_error}"
+    else:
+        reason = f"{reason}; `bash tools/run-tests.sh` sets it up"
     if os.environ.get(f"GYRE_TEST_SKIP_{key}") == "1":
         pytest.skip(f"{key} SKIPPED ON REQUEST (GYRE_TEST_SKIP_{key}=1): {reason}")
     pytest.fail(
-        f"{key} UNAVAILABLE: {reason}. `bash tools/run-tests.sh` sets it up; "
-        f"GYRE_TEST_SKIP_{key}=1 skips these tests instead",
-        pytrace=False,
+        f"{key} UNAVAILABLE (GYRE_TEST_SKIP_{key}=1 skips these tests instead): {reason}", pytrace=False
     )

@@ -27,7 +27,11 @@ cleanup() {
         for _ in $(seq 20); do kill -0 "$sglang_pid" 2>/dev/null || break; sleep 0.5; done
         kill -KILL -- "-$sglang_pid" 2>/dev/null || true
     fi
-    [ -n "$sglang_state" ] && rm -rf "$sglang_state"
+    if [ -n "$sglang_state" ] && [ -f "$sglang_state/error" ]; then
+        echo "SGLang's logs are kept in $sglang_state" >&2
+    elif [ -n "$sglang_state" ]; then
+        rm -rf "$sglang_state"
+    fi
     [ -n "$embedded_pid" ] && kill "$embedded_pid" 2>/dev/null || true
     if [ "${#timings[@]}" -gt 0 ]; then
         echo "== time per phase"

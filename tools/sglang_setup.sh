@@ -129,7 +129,8 @@ start() {
 # The reason and the end of the newest log (less pip's warnings about local indexes).
 report_error() {
     local log
-    log="$(ls -t "$state/server.log" "$state/build.log" 2>/dev/null | head -n1)"
+    log="$state/build.log"
+    [[ -f "$state/server.log" ]] && log="$state/server.log"
     {
         echo "$why"
         if [[ -n "$log" ]]; then
