@@ -86,17 +86,19 @@ if [ "${GYRE_TEST_SKIP_MOONCAKE:-}" = 1 ]; then
     echo "!! MOONCAKE TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_MOONCAKE=1)" >&2
 elif ! "$py" -c 'import mooncake.engine' 2>/dev/null; then
     # The non-CUDA wheel links against libibverbs.so.1, which only the OS provides.
+    tried="not root with apt-get here: install Debian's libibverbs1"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "installing libibverbs1 (Mooncake Transfer Engine needs it)"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -qq libibverbs1 >/dev/null 2>&1 \
-            || { apt-get update -qq && apt-get install -y -qq libibverbs1 >/dev/null; } \
-            || true
+        if apt-get install -y -qq libibverbs1 >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq libibverbs1 >/dev/null; }; then
+            tried="libibverbs1 is installed"
+        else
+            tried="apt-get install libibverbs1 failed"
+        fi
     fi
     if ! why="$("$py" -c 'import mooncake.engine' 2>&1)"; then
-        how="apt-get install libibverbs1 as root"
-        [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && how="apt-get install libibverbs1 failed above"
-        export GYRE_TEST_MOONCAKE_ERROR="Mooncake Transfer Engine does not import (${why##*$'\n'}); $how"
+        export GYRE_TEST_MOONCAKE_ERROR="Mooncake Transfer Engine does not import (${why##*$'\n'}); $tried"
         echo "!! $GYRE_TEST_MOONCAKE_ERROR: its tests will fail (GYRE_TEST_SKIP_MOONCAKE=1 skips them)" >&2
     fi
 fi
