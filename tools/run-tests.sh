@@ -1,12 +1,49 @@
 #!/usr/bin/env bash
 # The whole test suite: `bash tools/run-tests.sh [pytest options]`.
 # Sets up .venv, finds PostgreSQL and Redis on 127.0.0.1 (starting the machine's if they
-# are installed but down, else embedded ones from pip packages), lints, type-checks, tests.
+# are installed but down, else embedded ones from pip packages), makes Mooncake Transfer
+# Engine importable (the OS's libibverbs1), starts a real SGLang server on the CPU in the
+# background (its environment built once per machine, see tools/sglang_setup.sh), lints and
+# type-checks meanwhile, tests, stops the server, and prints how long each phase took.
+#
+# A real server that cannot be set up makes its tests fail with the reason. To skip them
+# instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1. A server of your
+# own is used as it is when GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR are set.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+timings=()
+embedded_pid=""
+sglang_pid=""
+sglang_state=""
+phase_start=0
+phase() { phase_start=$SECONDS; echo "== $1"; }
+took() { timings+=("$(printf '%-20s %5d s' "$1" $((SECONDS - phase_start)))"); }
+cleanup() {
+    if [ -n "$sglang_pid" ]; then
+        # The server and everything it spawned share the process group started by setsid.
+        kill -TERM -- "-$sglang_pid" 2>/dev/null || true
+        for _ in $(seq 20); do kill -0 "$sglang_pid" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL -- "-$sglang_pid" 2>/dev/null || true
+    fi
+    if [ -n "$sglang_state" ] && [ -f "$sglang_state/error" ]; then
+        echo "SGLang's logs are kept in $sglang_state" >&2
+    elif [ -n "$sglang_state" ]; then
+        rm -rf "$sglang_state"
+    fi
+    [ -n "$embedded_pid" ] && kill "$embedded_pid" 2>/dev/null || true
+    if [ "${#timings[@]}" -gt 0 ]; then
+        echo "== time per phase"
+        printf '   %s\n' "${timings[@]}"
+    fi
+}
+trap cleanup EXIT
+
+phase venv
 bash tools/bootstrap.sh
 py=.venv/bin/python
+took venv
 
 pg_up() { "$py" -c 'import psycopg,sys; psycopg.connect(sys.argv[1], connect_timeout=2).close()' "$1" 2>/dev/null; }
 redis_up() { "$py" -c 'import redis,sys; redis.Redis.from_url(sys.argv[1], socket_connect_timeout=2).ping()' "$1" 2>/dev/null; }
@@ -21,7 +58,6 @@ if ! redis_up "$GYRE_TEST_REDIS" && command -v redis-server >/dev/null; then
     redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
     sleep 1
 fi
-embedded_pid=""
 if ! pg_up "$GYRE_TEST_PG" || ! redis_up "$GYRE_TEST_REDIS"; then
     echo "no PostgreSQL/Redis on 127.0.0.1: starting embedded servers for the tests" >&2
     env_file="$(mktemp)"
@@ -30,17 +66,91 @@ if ! pg_up "$GYRE_TEST_PG" || ! redis_up "$GYRE_TEST_REDIS"; then
     for _ in $(seq 120); do [ -s "$env_file" ] && break; sleep 0.5; done
     # shellcheck disable=SC1090
     source "$env_file"
-    trap '[ -n "$embedded_pid" ] && kill "$embedded_pid" 2>/dev/null || true' EXIT
 fi
 
-echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
-echo "== mypy" && .venv/bin/mypy
-echo "== import-linter" && .venv/bin/lint-imports
-echo "== pytest"
+# SGLang first, in the background: building its environment (minutes, once per machine)
+# and starting the server (about 30 s) overlap with ruff and mypy.
+if [ -n "${GYRE_SGLANG_URL:-}" ] && [ -n "${GYRE_SGLANG_MODEL_DIR:-}" ]; then
+    echo "== sglang: using the server at $GYRE_SGLANG_URL"
+elif [ "${GYRE_TEST_SKIP_SGLANG:-}" = 1 ]; then
+    echo "!! SGLANG TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_SGLANG=1)" >&2
+else
+    echo "== sglang: building (if needed) and starting a server in the background"
+    sglang_state="$(mktemp -d)"
+    setsid bash tools/sglang_setup.sh start "$sglang_state" </dev/null &
+    sglang_pid=$!
+fi
+
+phase mooncake
+if [ "${GYRE_TEST_SKIP_MOONCAKE:-}" = 1 ]; then
+    echo "!! MOONCAKE TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_MOONCAKE=1)" >&2
+elif ! "$py" -c 'import mooncake.engine' 2>/dev/null; then
+    # The non-CUDA wheel links against libibverbs.so.1, which only the OS provides.
+    tried="not root with apt-get here: install Debian's libibverbs1"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing libibverbs1 (Mooncake Transfer Engine needs it)"
+        export DEBIAN_FRONTEND=noninteractive
+        if apt-get install -y -qq libibverbs1 >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq libibverbs1 >/dev/null; }; then
+            tried="libibverbs1 is installed"
+        else
+            tried="apt-get install libibverbs1 failed"
+        fi
+    fi
+    if ! why="$("$py" -c 'import mooncake.engine' 2>&1)"; then
+        export GYRE_TEST_MOONCAKE_ERROR="Mooncake Transfer Engine does not import (${why##*$'\n'}); $tried"
+        echo "!! $GYRE_TEST_MOONCAKE_ERROR: its tests will fail (GYRE_TEST_SKIP_MOONCAKE=1 skips them)" >&2
+    fi
+fi
+took mooncake
+
+phase ruff
+.venv/bin/ruff check . && .venv/bin/ruff format --check .
+took ruff
+phase mypy
+.venv/bin/mypy
+took mypy
+phase import-linter
+.venv/bin/lint-imports
+took import-linter
+
+if [ -n "$sglang_pid" ]; then
+    phase "sglang (waiting)"
+    deadline=$((SECONDS + ${GYRE_SGLANG_SETUP_TIMEOUT:-3000}))
+    until [ -f "$sglang_state/url" ] || [ -f "$sglang_state/error" ]; do
+        if ! kill -0 "$sglang_pid" 2>/dev/null; then
+            echo "tools/sglang_setup.sh start ended without a word" >"$sglang_state/error"
+        elif [ "$SECONDS" -gt "$deadline" ]; then
+            echo "SGLang was not set up after ${GYRE_SGLANG_SETUP_TIMEOUT:-3000} s" >"$sglang_state/error"
+        else
+            sleep 1
+        fi
+    done
+    took "sglang (waiting)"
+    if [ -f "$sglang_state/timings" ]; then
+        while read -r name seconds; do
+            timings+=("$(printf '%-20s %5d s   (in the background)' "$name" "$seconds")")
+        done <"$sglang_state/timings"
+    fi
+    if [ -f "$sglang_state/url" ]; then
+        export GYRE_SGLANG_URL GYRE_SGLANG_MODEL_DIR
+        GYRE_SGLANG_URL="$(cat "$sglang_state/url")"
+        GYRE_SGLANG_MODEL_DIR="$sglang_state/model"
+        echo "SGLang is serving at $GYRE_SGLANG_URL"
+    else
+        export GYRE_TEST_SGLANG_ERROR
+        GYRE_TEST_SGLANG_ERROR="$(cat "$sglang_state/error")"
+        echo "!! SGLang is not available: its tests will fail (GYRE_TEST_SKIP_SGLANG=1 skips them):" >&2
+        echo "$GYRE_TEST_SGLANG_ERROR" >&2
+    fi
+fi
+
+phase pytest
 set +e
 .venv/bin/pytest "$@"
 status=$?
 set -e
+took pytest
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests" >&2
     exit 1

@@ -1,9 +1,10 @@
 """Engines the contract suite runs against: gyre's reference engine, and real SGLang.
 
-The SGLang target needs ``GYRE_SGLANG_URL`` (a server started by ``tools/sglang_setup.sh``)
-and ``GYRE_SGLANG_MODEL_DIR`` (the model folder it serves, for direct forward passes). They
-are read when this module is imported because the root conftest clears ``GYRE_*`` variables
-before every test.
+The SGLang target needs ``GYRE_SGLANG_URL`` (a server started by ``tools/run-tests.sh`` or
+``tools/sglang_setup.sh``) and ``GYRE_SGLANG_MODEL_DIR`` (the model folder it serves, for direct
+forward passes); without them its tests fail (see ``tests/real_servers.py``). They are read
+when this module is imported because the root conftest clears ``GYRE_*`` variables before
+every test.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, load_model
 from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT
+from tests.real_servers import unavailable
 
 SGLANG_URL = os.environ.get("GYRE_SGLANG_URL")
 SGLANG_MODEL_DIR = os.environ.get("GYRE_SGLANG_MODEL_DIR")
@@ -69,9 +71,10 @@ def reference_target() -> Iterator[EngineTarget]:
 @pytest.fixture(scope="module")
 def sglang_target() -> EngineTarget:
     if not SGLANG_URL or not SGLANG_MODEL_DIR:
-        pytest.skip(
+        unavailable(
+            "sglang",
             "NO REAL SGLANG SERVER: set GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR "
-            "(see tools/sglang_setup.sh and docs/engines.md) to run the contract suite against SGLang"
+            "(see tools/sglang_setup.sh and docs/engines.md) to run the contract suite against SGLang",
         )
     loaded = load_model(ModelSource(model_dir=Path(SGLANG_MODEL_DIR)))
     return EngineTarget(

@@ -2,9 +2,9 @@
 
 Each publication must make the engine serve the published weights (logprobs equal a forward
 pass of the published model) and report the policy version on answers and in `/model_info`.
-The SGLang tests need `GYRE_SGLANG_URL` and `GYRE_SGLANG_MODEL_DIR`, read at import because
-the root conftest clears `GYRE_*` variables before every test, and restore the served weights
-from the model folder afterwards.
+The SGLang tests need `GYRE_SGLANG_URL` and `GYRE_SGLANG_MODEL_DIR` (and fail without them, see
+`tests/real_servers.py`), read at import because the root conftest clears `GYRE_*` variables
+before every test, and restore the served weights from the model folder afterwards.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gyre_proxy.engines.refengine import (
 from gyre_train import PublicationError
 from gyre_train.backends import TrainingBackend
 from gyre_train.cells import EnginePublisher, EnginePublisherConfig
+from tests.real_servers import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -166,9 +167,10 @@ def test_refuses_an_unknown_method_and_names_an_unreachable_engine(tmp_path: Pat
 def sglang() -> Iterator[tuple[str, Path]]:
     """The real server's URL and model folder; its original weights are restored afterwards."""
     if not SGLANG_URL or not SGLANG_MODEL_DIR:
-        pytest.skip(
+        unavailable(
+            "sglang",
             "NO REAL SGLANG SERVER: set GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR "
-            "(see tools/sglang_setup.sh and docs/engines.md) to publish to SGLang"
+            "(see tools/sglang_setup.sh and docs/engines.md) to publish to SGLang",
         )
     model_dir = Path(SGLANG_MODEL_DIR)
     try:
