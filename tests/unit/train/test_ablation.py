@@ -55,7 +55,7 @@ def test_capped_admission_trades_coverage_for_forward_backward_tokens(
     for summary in report.summaries:
         assert sum(summary.class_shares.values()) == pytest.approx(1.0)
         # Admission time is a benchmark figure (benchmarks/bench_stored_admission.py), never asserted here.
-        assert summary.repetition_avoided >= 0 and summary.admission_ms_max >= 0.0
+        assert summary.repetition_avoided >= 0
     assert s["flatall"].targets == s["all"].targets  # uncapped covers the same tokens under any priority
 
 
