@@ -58,7 +58,7 @@ def node_plan(
     trainer_plan = None
     if trainers == "all":
         training = LiveTraining(
-            steps=config.steps, mu=config.mu, packing=packing(config), groups=group_source(config)
+            steps=config.steps, mu=config.mu, packing=packing(config), groups=group_source(config, run_id)
         )
         resume = resume_point(log, run_id, config.mu, publish_dir)
         if resume.step < config.steps:

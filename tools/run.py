@@ -94,6 +94,8 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             run.start(env)
             run.follow(live_view=not args.quiet)
+        except RunFailed as exc:
+            run.failed = str(exc)
         finally:
             run.stop()
         report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)

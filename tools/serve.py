@@ -195,10 +195,11 @@ def packing(config: RunConfig) -> PackingConfig:
     )
 
 
-def group_source(config: RunConfig) -> GroupSourceConfig:
+def group_source(config: RunConfig, run_id: str) -> GroupSourceConfig:
     return GroupSourceConfig(
         admission=AdmissionConfig(max_trajectories=config.train.jmax),
         advantages=AdvantageConfig(scale_by_std=config.train.scale_advantages),
         seed=config.seed,
         trainer="core",
+        run_id=run_id,
     )

@@ -70,6 +70,11 @@ class Running:
     output: IO[bytes]
 
 
+def base_run(run_id: str) -> str:
+    """The run a side run ``<run>~<name>`` belongs to (a run is its own base)."""
+    return run_id.split("~", 1)[0]
+
+
 def serves(run_id: str, candidate: str) -> bool:
     """Whether the launcher of ``run_id`` handles ``candidate``'s executions: the run itself
     and its side runs (``<run>~<name>``, such as held-out evaluations)."""
@@ -186,7 +191,8 @@ class Launcher:
     # -- one execution -----------------------------------------------------------------------
 
     def _task_of(self, request: ExecutionStartRequested) -> TaskDefined | None:
-        return self._tasks.get((request.run_id, request.task_id))
+        """The request's task: defined in its run (a side run uses its run's tasks)."""
+        return self._tasks.get((base_run(request.run_id), request.task_id))
 
     def _start(self, request: ExecutionStartRequested) -> None:
         meta = EventMetadata(run_id=request.run_id)

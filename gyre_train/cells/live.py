@@ -36,6 +36,7 @@ from gyre_store import (
     EventMetadata,
     NewEvent,
     ProjectionStore,
+    RunStarted,
     StreamId,
     WeightsPublished,
 )
@@ -183,6 +184,11 @@ def feed_batches(
     source = StoreGroupSource(log, store, training.groups, step=first_step)
     meta = EventMetadata(run_id=run_id)
     producer = ProducerConfig(training.packing, poll_s=poll_s, timeout_s=training.producer_timeout_s)
+    # The decision core takes no fact of a run before it started (the run may evaluate first).
+    while not any(isinstance(r.event, RunStarted) for r in log.read_stream(StreamId("run", run_id))):
+        if stop.is_set():
+            raise CellFailedError("stopped before the run started")
+        time.sleep(poll_s)
     for step in range(first_step, training.steps):
         # The decision core counts one open batch at a time: step opens after step - 1 closed.
         while step > first_step and not _closed(log, run_id, step - 1):

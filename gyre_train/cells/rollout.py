@@ -77,6 +77,7 @@ def serve_rollout(config: RolloutEngineConfig, stop: threading.Event) -> None:
             seed=config.seed,
             weight_version=str(version),
             torch_threads=config.torch_threads,
+            tokenizer_vocab_only=True,
         )
         with ReferenceEngineServer(engine_config, host=config.host, port=config.port) as server:
             registered = EngineRegistered(

@@ -122,7 +122,11 @@ class SequenceRatioAccumulator:
     def finish(self, executions: Sequence[ExecutionSummary], config: LossConfig) -> ExecutionClip:
         for execution in executions:
             seen = self._counts.get(execution.execution_id, 0)
-            if seen != execution.target_count:
+            # The packer may leave out every row of an execution whose advantage is 0 (its loss
+            # and gradient are exactly 0): then pass 1 sees none of its targets, and only the
+            # s_i monitor misses them.
+            skipped = seen == 0 and execution.advantage == 0.0
+            if seen != execution.target_count and not skipped:
                 raise InvalidLossInputError(
                     f"execution {execution.execution_id}: pass 1 saw {seen} of {execution.target_count} targets"
                 )

@@ -139,7 +139,10 @@ class EvaluatorWorker:
             case TaskDefined(task_id=task_id):
                 self._tasks[(run_id, task_id)] = event
             case ExecutionStartRequested(execution_id=execution_id, task_id=task_id):
-                self._task_of[execution_id] = (run_id, task_id)
+                self._task_of[execution_id] = (
+                    run_id.split("~", 1)[0],
+                    task_id,
+                )  # a side run's tasks are its run's
             case ExecutionDispatched(execution_id=execution_id):
                 if run_id == self.config.run_id:
                     self._grouped.add(execution_id)

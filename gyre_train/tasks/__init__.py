@@ -5,7 +5,7 @@ expert demonstrations a warm start trains on. Knows nothing of harnesses or engi
 
 from __future__ import annotations
 
-from gyre_train.tasks.families import FAMILIES, family, task_suite
+from gyre_train.tasks.families import DEMO_WEIGHTS, FAMILIES, family, task_suite
 from gyre_train.tasks.suite import (
     CHECK_COMMAND,
     Demonstration,
@@ -19,6 +19,7 @@ from gyre_train.tasks.suite import (
 
 __all__ = [
     "CHECK_COMMAND",
+    "DEMO_WEIGHTS",
     "FAMILIES",
     "Demonstration",
     "Instance",

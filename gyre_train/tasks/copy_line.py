@@ -49,6 +49,9 @@ WORDS = [
     "snake",
 ]
 PROMPT = "Read input.txt and copy its line to answer.txt."
+DEMO_WEIGHTS = {"correct": 0.4, "half": 0.2, "wrong_file": 0.2, "skip_read": 0.2}
+"""The warm start's mix: a correct demonstration, only the first word copied, the right line in
+the wrong file, and a line made up without reading the file."""
 
 CHECK = '''"""Checks answer.txt against the expected line; writes a JUnit XML report to argv[1]."""
 import pathlib, sys
@@ -73,20 +76,33 @@ pathlib.Path(sys.argv[1]).write_text("\\n".join(xml))
 '''
 
 
-def make(rng: random.Random) -> Instance:
-    words = rng.sample(WORDS, 2)
-    line = " ".join(words)
-    demo = Demonstration(
+def _read_then_write(line: str, path: str, content: str) -> Demonstration:
+    return Demonstration(
         calls=(
             ToolCall("Read", {"file_path": "input.txt"}, line + "\n"),
-            ToolCall("Write", {"file_path": "answer.txt", "content": line + "\n"}, "OK"),
+            ToolCall("Write", {"file_path": path, "content": content}, "OK"),
         ),
         answer="Done.",
     )
+
+
+def make(rng: random.Random) -> Instance:
+    words = rng.sample(WORDS, 2)
+    line = " ".join(words)
+    guess = " ".join(random.Random(line).sample(WORDS, 2))
+    demonstrations = {
+        "correct": _read_then_write(line, "answer.txt", line + "\n"),
+        "half": _read_then_write(line, "answer.txt", words[0] + "\n"),
+        "wrong_file": _read_then_write(line, "output.txt", line + "\n"),
+        "skip_read": Demonstration(
+            calls=(ToolCall("Write", {"file_path": "answer.txt", "content": guess + "\n"}, "OK"),),
+            answer="Done.",
+        ),
+    }
     return Instance(
         key=line,
         prompt=PROMPT,
         files={"input.txt": line + "\n"},
         tests={"check.py": CHECK.format(expected=json.dumps(words))},
-        demonstration=demo,
+        demonstrations=demonstrations,
     )

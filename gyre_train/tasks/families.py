@@ -10,6 +10,9 @@ from gyre_train.tasks.suite import Maker, defined, instances
 FAMILIES: dict[str, Maker] = {"copy-line": copy_line.make}
 """Family name -> its instance maker."""
 
+DEMO_WEIGHTS: dict[str, dict[str, float]] = {"copy-line": copy_line.DEMO_WEIGHTS}
+"""Family name -> the warm start's mix of demonstration modes."""
+
 
 def family(name: str) -> Maker:
     """The maker of family ``name``; raises InvalidConfigError for an unknown one."""

@@ -39,13 +39,22 @@ class Demonstration:
 
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """One task instance as its family describes it."""
+    """One task instance as its family describes it.
+
+    ``demonstrations`` maps a mode to what a demonstrator does: ``correct`` always, and flawed
+    modes (partial or wrong work) that a warm start mixes in, like any imperfect demonstration
+    set, so the starting policy passes sometimes and not always.
+    """
 
     key: str  # identifies the instance within its family (decides the train/held-out split)
     prompt: str
     files: dict[str, str]
     tests: dict[str, str]
-    demonstration: Demonstration
+    demonstrations: dict[str, Demonstration]
+
+    @property
+    def demonstration(self) -> Demonstration:
+        return self.demonstrations["correct"]
 
 
 Maker = Callable[[random.Random], Instance]
@@ -56,13 +65,23 @@ def held_out(family: str, key: str, buckets: int = 8) -> bool:
     return hashlib.sha256(f"{family}/{key}".encode()).digest()[0] % buckets == 0
 
 
-def instances(family: str, make: Maker, *, count: int, split: TaskSplit, seed: int) -> list[Instance]:
-    """``count`` distinct instances of ``split``, drawn from ``seed`` (held-out: seed-independent)."""
+def instances(
+    family: str, make: Maker, *, count: int, split: TaskSplit, seed: int, distinct: bool = True
+) -> list[Instance]:
+    """``count`` instances of ``split`` drawn from ``seed`` (held-out: seed-independent); distinct
+    unless ``distinct`` is False (a demonstration set may repeat an instance)."""
     rng = random.Random(f"{family}/{split.value}/{seed if split is TaskSplit.TRAIN else 0}")
     out: dict[str, Instance] = {}
+    repeated: list[Instance] = []
     for _ in range(count * 200):
         candidate = make(rng)
-        if held_out(family, candidate.key) == (split is TaskSplit.HELDOUT) and candidate.key not in out:
+        if held_out(family, candidate.key) != (split is TaskSplit.HELDOUT):
+            continue
+        if not distinct:
+            repeated.append(candidate)
+            if len(repeated) == count:
+                return repeated
+        elif candidate.key not in out:
             out[candidate.key] = candidate
             if len(out) == count:
                 return list(out.values())

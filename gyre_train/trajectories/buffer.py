@@ -48,12 +48,14 @@ _STATUS = {
 
 @dataclass(frozen=True, slots=True)
 class GroupSourceConfig:
-    """Admission and advantage settings, the run seed for admission draws, the trainer's name."""
+    """Admission and advantage settings, the run seed for admission draws, the trainer's name,
+    and the run whose groups it trains on (None: any run's, as a store of one run holds)."""
 
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
     seed: int = 0
     trainer: str = ""
+    run_id: str | None = None
 
 
 def execution_rows(
@@ -102,9 +104,11 @@ class StoreGroupSource:
             head = self._log.head()
             for projection in (TreeProjection(), EvaluationsProjection(), GroupsProjection()):
                 catch_up(self._log, self._store, projection, until=head)
+        run = self._config.run_id
         return tuple(
             GroupTicket(row["group_id"], int(row["policy_version"]), int(row["ready_position"]))
             for row in self._store.select("gyre_groups", "status", GroupStatus.READY)
+            if run is None or row["run_id"] == run
         )
 
     def build(self, group_id: str) -> ReadyGroup:

@@ -75,12 +75,19 @@ class DecodeLoop:
         weight_version: str,
         return_original_logprob: bool = False,
         torch_threads: int = 1,
+        tokenizer_vocab_only: bool = False,
     ) -> None:
         self.loaded = loaded
         self.torch_threads = torch_threads
         self.context_length = context_length
         self.weight_version = weight_version
         self.return_original_logprob = return_original_logprob
+        # A model's vocabulary is often padded past the tokenizer's ids and a padding id has no
+        # text: with `tokenizer_vocab_only`, sampling (and the reported logprob) covers the
+        # tokenizer's ids only; by default the whole vocabulary, as SGLang does.
+        self._sample_vocab = (
+            min(loaded.vocab_size, max(loaded.tokenizer.vocab_size, 1)) if tokenizer_vocab_only else None
+        )
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: dict[str, _Request] = {}
@@ -225,7 +232,7 @@ class DecodeLoop:
         position = len(request.produced)
         forced = request.forced[position] if request.forced is not None else None
         choice = choose(
-            request.next_logits,
+            request.next_logits[: self._sample_vocab] if self._sample_vocab else request.next_logits,
             sampling,
             request.generator,
             return_original_logprob=self.return_original_logprob,

@@ -52,6 +52,7 @@ class ReferenceEngineConfig:
     return_original_logprob: bool = False
     incremental_streaming_output: bool = False
     torch_threads: int = 1
+    tokenizer_vocab_only: bool = False  # never sample a padding id past the tokenizer's
 
 
 class ReferenceEngine:
@@ -72,6 +73,7 @@ class ReferenceEngine:
             weight_version=config.weight_version,
             return_original_logprob=config.return_original_logprob,
             torch_threads=config.torch_threads,
+            tokenizer_vocab_only=config.tokenizer_vocab_only,
         )
         self.accepting = True
         self.memory_released = False

@@ -272,3 +272,14 @@ def test_bad_inputs_are_refused() -> None:
         token_loss(x, x, x, x, torch.zeros(2), CONFIG)
     with pytest.raises(InvalidLossInputError):
         clip_executions(["a"], [0.0, 1.0], [1], [1.0], CONFIG)
+
+
+def test_an_execution_the_packer_skipped_for_a_zero_advantage_needs_no_pass_1_targets() -> None:
+    accumulator = SequenceRatioAccumulator()
+    accumulator.add(["a"], [0.0], [2])
+    skipped = [_Summary("a", 1.0, 2), _Summary("z", 0.0, 3)]  # z: A = 0, none of its rows packed
+    clip = accumulator.finish(skipped, CONFIG)
+    assert clip.mask_of(["z"]).tolist() == [1.0]
+    # A nonzero advantage with no targets seen is still a missing micro-step.
+    with pytest.raises(InvalidLossInputError, match="saw 0 of 3"):
+        accumulator.finish([_Summary("a", 1.0, 2), _Summary("n", -1.0, 3)], CONFIG)
