@@ -31,6 +31,7 @@ from gyre_sched import (
     simulate,
 )
 from gyre_sched.sim import (
+    ABLATION,
     HELD_OUT_ROWS,
     MET_TOLERANCE,
     PAPER_SPEEDUP_NOT_SIMULATED,
@@ -50,6 +51,7 @@ from gyre_sched.sim import (
     speedup_table,
     steps_and_speedup,
     waterlevel,
+    with_costs,
     with_policy,
     workload_from_run,
 )
@@ -332,7 +334,9 @@ def _tables(args: argparse.Namespace, console: Console, out: Path) -> int:
         advance = lambda _: progress.advance(task)  # noqa: E731
         rows: list[Any]
         if args.preset == "ablation-table":
-            rows = ablation_table(seeds, advance)
+            # --train-cost replaces the one fitted cost of every row (a what-if, not the README's table)
+            costs = {} if args.train_cost is None else {"nl2repo-122b": args.train_cost}
+            rows = ablation_table(seeds, advance, presets=with_costs(ABLATION, costs))
         else:
             rows = speedup_table(seeds, advance)
     if args.preset == "ablation-table":

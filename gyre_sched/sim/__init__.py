@@ -19,6 +19,7 @@ from gyre_sched.sim.fit import (
     planned_runs,
     profile,
     profile_draws,
+    with_costs,
 )
 from gyre_sched.sim.paper import PAPER_ABLATION, PAPER_SPEEDUP, PAPER_SPEEDUP_NOT_SIMULATED
 from gyre_sched.sim.plots import role_timeline, steps_and_speedup, waterlevel
@@ -107,6 +108,7 @@ __all__ = [
     "speedup_table",
     "steps_and_speedup",
     "waterlevel",
+    "with_costs",
     "with_policy",
     "workload_from_run",
     "workload_stats",

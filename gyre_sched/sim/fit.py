@@ -245,11 +245,14 @@ def scan(
 
 
 def with_costs(presets: Mapping[str, Preset], costs: Mapping[str, float]) -> dict[str, Preset]:
-    """The presets with the training cost of their workload replaced."""
+    """The presets, with the training cost replaced for each workload named in ``costs``."""
     return {
         name: msgspec.structs.replace(
             p,
-            cluster=msgspec.structs.replace(p.cluster, train_node_hours_per_group=costs[p.workload]),
+            cluster=msgspec.structs.replace(
+                p.cluster,
+                train_node_hours_per_group=costs.get(p.workload, p.cluster.train_node_hours_per_group),
+            ),
         )
         for name, p in presets.items()
     }
