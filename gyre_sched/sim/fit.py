@@ -2,8 +2,8 @@
 cost on the training rows only, with everything else computed and reported as held out.
 
 Two stages, both deterministic. First each workload model is fitted to the paper's
-execution-profile figures (common random numbers: a grid over a box, then coordinate
-search). Then the training cost per group is scanned on the training figures with those
+execution-profile figures (common random numbers: a grid over a box, then Nelder-Mead
+from its best points). Then the training cost per group is scanned on the training figures with those
 workloads; the held-out figures are computed with the fitted values and never enter a
 loss. Nothing here writes presets: ``gyre simulate --fit`` prints the values and writes
 JSON, and ``presets.py`` carries them.
