@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -30,13 +31,27 @@ from gyre_sched import (
     simulate,
 )
 from gyre_sched.sim import (
+    ABLATION,
+    HELD_OUT_ROWS,
+    MET_TOLERANCE,
+    PAPER_SPEEDUP_NOT_SIMULATED,
     PRESETS,
+    TRAIN_NODE_HOURS_PER_GROUP_2_4T,
+    TRAIN_NODE_HOURS_PER_GROUP_122B,
+    TRAINING_ROWS,
+    TRAINING_SPEEDUPS,
+    AblationRow,
+    Calibration,
+    SpeedupRow,
     WorkloadModel,
     ablation_table,
+    calibrate,
+    planned_runs,
     role_timeline,
     speedup_table,
     steps_and_speedup,
     waterlevel,
+    with_costs,
     with_policy,
     workload_from_run,
 )
@@ -109,6 +124,12 @@ def register(subparsers: Any) -> None:
     env(p, "--json", "GYRE_SIM_JSON", help="JSON output file (default OUT/<name>.json)")
     env(p, "--out", "GYRE_SIM_OUT", default="out/simulate", help="folder for JSON and plots")
     env(p, "--plots", "GYRE_SIM_PLOTS", choices=("on", "off"), default="on", help="write matplotlib plots")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="refit the calibration (workload profiles, then training costs on the training rows), "
+        "print training and held-out residuals, write JSON; exit 1 if presets.py holds other values",
+    )
     p.set_defaults(func=run)
 
 
@@ -226,6 +247,86 @@ def _single(args: argparse.Namespace, console: Console, out: Path) -> int:
     return 0
 
 
+def _verdict(residual: float) -> str:
+    return "MET" if abs(residual) <= MET_TOLERANCE else "MISSED"
+
+
+def _row_role(row: str) -> str:
+    return "fit" if row in TRAINING_ROWS else "held out" if row in HELD_OUT_ROWS else "denominator"
+
+
+def _speedup_role(setting: str, baseline: str) -> str:
+    return "fit" if (setting, baseline) in TRAINING_SPEEDUPS else "held out"
+
+
+def _range(paper: tuple[float, float]) -> str:
+    lo, hi = paper
+    return f"{lo:.2f}" if lo == hi else f"{lo:.2f}-{hi:.2f}"
+
+
+def ablation_rich_table(rows: list[AblationRow], title: str) -> Table:
+    """The ablation as printed (and copied into README.md)."""
+    table = Table(title=title)
+    for column in (
+        "row",
+        "setting",
+        "(phi,mu)",
+        "paper h",
+        "sim h",
+        "paper vs E0",
+        "sim vs E0",
+        "residual",
+        "role",
+        "verdict",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("row", "setting", "role", "verdict") else "right"
+        )
+    for r in rows:
+        table.add_row(
+            r.row,
+            r.description,
+            f"({r.phi:g},{r.mu})",
+            f"{r.paper_total_h:.2f}",
+            f"{r.sim_total_h:.2f}",
+            f"{r.paper_vs_e0:.3f}",
+            f"{r.sim_vs_e0:.3f}",
+            f"{r.residual:+.1%}",
+            _row_role(r.row),
+            "" if r.row == "E0" else _verdict(r.residual),
+        )
+    return table
+
+
+def speedup_rich_table(rows: list[SpeedupRow], title: str) -> Table:
+    """Paper Table 1, one line per comparison; the rows with no workload to simulate say so."""
+    table = Table(title=title)
+    for column in ("setting", "vs", "sim h (E / baseline)", "paper", "sim", "residual", "role", "verdict"):
+        table.add_column(
+            column, justify="left" if column in ("setting", "vs", "role", "verdict") else "right"
+        )
+    for r in rows:
+        for baseline, hours, paper, sim, off in (
+            ("Async", r.async_h, r.paper_vs_async, r.sim_vs_async, r.residual_vs_async),
+            ("Colocate", r.colocate_h, r.paper_vs_colocate, r.sim_vs_colocate, r.residual_vs_colocate),
+        ):
+            table.add_row(
+                f"{r.setting} ({r.steps} steps)",
+                baseline,
+                f"{r.elastic_h:.1f} / {hours:.1f}",
+                _range(paper),
+                f"{sim:.3f}",
+                f"{off:+.1%}",
+                _speedup_role(r.setting, baseline.lower()),
+                _verdict(off),
+            )
+    for (workload, target), pair in PAPER_SPEEDUP_NOT_SIMULATED.items():
+        for baseline, paper in zip(("Async", "Colocate"), pair, strict=True):
+            setting = escape(f"{workload}, E[d]={target:g}")  # "[d]" is not rich markup
+            table.add_row(setting, baseline, "", f"{paper:.3f}", "", "", "", "not simulated")
+    return table
+
+
 def _tables(args: argparse.Namespace, console: Console, out: Path) -> int:
     seeds = list(range(args.seed, args.seed + args.seeds))
     with Progress(console=console, transient=True) as progress:
@@ -233,63 +334,76 @@ def _tables(args: argparse.Namespace, console: Console, out: Path) -> int:
         advance = lambda _: progress.advance(task)  # noqa: E731
         rows: list[Any]
         if args.preset == "ablation-table":
-            rows = ablation_table(seeds, advance)
+            # --train-cost replaces the one fitted cost of every row (a what-if, not the README's table)
+            costs = {} if args.train_cost is None else {"nl2repo-122b": args.train_cost}
+            rows = ablation_table(seeds, advance, presets=with_costs(ABLATION, costs))
         else:
             rows = speedup_table(seeds, advance)
     if args.preset == "ablation-table":
-        table = Table(title=f"scheduling ablation, 12 steps, mean of {len(seeds)} seeds")
-        for column in (
-            "row",
-            "setting",
-            "(phi,mu)",
-            "paper h",
-            "sim h",
-            "paper vs E0",
-            "sim vs E0",
-            "residual",
-        ):
-            table.add_column(column, justify="right" if column not in ("row", "setting") else "left")
-        for r in rows:
-            table.add_row(
-                r.row,
-                r.description,
-                f"({r.phi:g},{r.mu})",
-                f"{r.paper_total_h:.2f}",
-                f"{r.sim_total_h:.2f}",
-                f"{r.paper_vs_e0:.3f}",
-                f"{r.sim_vs_e0:.3f}",
-                f"{r.residual:+.1%}",
-            )
+        table = ablation_rich_table(rows, f"scheduling ablation, 12 steps, mean of {len(seeds)} seeds")
     else:
-        table = Table(title=f"cumulative speedup of the elastic policy, mean of {len(seeds)} seeds")
-        for column in (
-            "setting",
-            "steps",
-            "sim h (E/A/C)",
-            "paper vs Async",
-            "sim vs Async",
-            "paper vs Colocate",
-            "sim vs Colocate",
-        ):
-            table.add_column(column, justify="left" if column == "setting" else "right")
-        for r in rows:
-            lo_a, hi_a = r.paper_vs_async
-            lo_c, hi_c = r.paper_vs_colocate
-            table.add_row(
-                r.setting,
-                str(r.steps),
-                f"{r.elastic_h:.1f} / {r.async_h:.1f} / {r.colocate_h:.1f}",
-                f"{lo_a:.2f}" if lo_a == hi_a else f"{lo_a:.2f}-{hi_a:.2f}",
-                f"{r.sim_vs_async:.3f}",
-                f"{lo_c:.2f}" if lo_c == hi_c else f"{lo_c:.2f}-{hi_c:.2f}",
-                f"{r.sim_vs_colocate:.3f}",
-            )
+        table = speedup_rich_table(
+            rows, f"cumulative speedup of the elastic policy, mean of {len(seeds)} seeds"
+        )
     console.print(table)
+    console.print(
+        f"MET: |residual| <= {MET_TOLERANCE:.0%}; role 'fit' rows were fitted, 'held out' rows predicted"
+    )
     path = Path(args.json) if args.json else out / f"{args.preset}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode({"preset": args.preset, "seeds": seeds, "rows": rows}))
     console.print(f"wrote {path}")
     return 0
+
+
+def _preset_mismatches(calibration: Calibration) -> list[str]:
+    """What presets.py holds that the fit did not produce."""
+    found = []
+    for fit in calibration.workloads:
+        held = WORKLOADS[fit.workload]
+        if held != fit.model:
+            found.append(f"WORKLOADS[{fit.workload!r}] is {held}, the fit gives {fit.model}")
+    held_costs = {
+        "nl2repo-122b": TRAIN_NODE_HOURS_PER_GROUP_122B,
+        "nl2repo-2.4t": TRAIN_NODE_HOURS_PER_GROUP_2_4T,
+    }
+    for cost in calibration.costs:
+        if abs(held_costs[cost.workload] - cost.value) > 1e-9:
+            found.append(
+                f"the {cost.workload} training cost is {held_costs[cost.workload]}, the fit gives {cost.value}"
+            )
+    return found
+
+
+def _fit(args: argparse.Namespace, console: Console, out: Path) -> int:
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("fitting the calibration", total=planned_runs(len(seeds)))
+        calibration = calibrate(seeds, lambda _: progress.advance(task))
+    for fit in calibration.workloads:
+        table = Table(title=f"workload {fit.workload}: fitted {', '.join(fit.free)}")
+        for column in ("figure", "paper", "model", "residual"):
+            table.add_column(column, justify="left" if column == "figure" else "right")
+        for f in fit.figures:
+            table.add_row(f.name, f"{f.paper:.4g}", f"{f.model:.4g}", f"{f.residual:+.1%}")
+        console.print(table)
+        console.print(f"  {fit.model}")
+    for cost in calibration.costs:
+        scanned = ", ".join(f"{p.value:g}: {p.loss:.3f}" for p in cost.scan)
+        console.print(
+            f"{cost.workload} training cost {cost.value:g} node-h per group "
+            f"(RMS log residual {cost.loss:.3f} on {', '.join(cost.training)}); scanned {scanned}"
+        )
+    console.print(ablation_rich_table(list(calibration.ablation), f"ablation, mean of {len(seeds)} seeds"))
+    console.print(speedup_rich_table(list(calibration.speedups), f"speedups, mean of {len(seeds)} seeds"))
+    path = Path(args.json) if args.json else out / "fit.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(calibration)))
+    console.print(f"wrote {path}")
+    mismatches = _preset_mismatches(calibration)
+    for line in mismatches:
+        console.print(f"[yellow]{line}[/yellow]")
+    return 1 if mismatches else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(140, shutil.get_terminal_size().columns))
     out = Path(args.out)
     try:
+        if args.fit:
+            return _fit(args, console, out)
         if args.preset in TABLE_PRESETS:
             return _tables(args, console, out)
         return _single(args, console, out)

@@ -6,11 +6,37 @@ tables, and plots. Simulation only: nothing here runs on a live cluster.
 from __future__ import annotations
 
 from gyre_sched.sim.cluster import ClusterConfig
+from gyre_sched.sim.fit import (
+    HELD_OUT_ROWS,
+    TRAINING_ROWS,
+    TRAINING_SPEEDUPS,
+    Calibration,
+    CostFit,
+    FigureFit,
+    ProfileFit,
+    calibrate,
+    fit_profile,
+    planned_runs,
+    profile,
+    profile_draws,
+    with_costs,
+)
+from gyre_sched.sim.paper import PAPER_ABLATION, PAPER_SPEEDUP, PAPER_SPEEDUP_NOT_SIMULATED
 from gyre_sched.sim.plots import role_timeline, steps_and_speedup, waterlevel
-from gyre_sched.sim.presets import ABLATION, PRESETS, SPEEDUP, WORKLOADS, Preset, get_preset, with_policy
+from gyre_sched.sim.presets import (
+    ABLATION,
+    PRESETS,
+    SPEEDUP,
+    TRAIN_NODE_HOURS_PER_GROUP_2_4T,
+    TRAIN_NODE_HOURS_PER_GROUP_122B,
+    WORKLOADS,
+    Preset,
+    get_preset,
+    with_policy,
+)
 from gyre_sched.sim.results import SimResult, TransitionRecord, cumulative_speedup
 from gyre_sched.sim.simulator import SimCluster, SimRun, simulate
-from gyre_sched.sim.tables import ablation_table, speedup_table
+from gyre_sched.sim.tables import MET_TOLERANCE, AblationRow, SpeedupRow, ablation_table, speedup_table
 from gyre_sched.sim.training import (
     BroadcastDone,
     EventQueue,
@@ -32,36 +58,57 @@ from gyre_sched.sim.workload_store import workload_from_run
 
 __all__ = [
     "ABLATION",
+    "HELD_OUT_ROWS",
+    "MET_TOLERANCE",
+    "PAPER_ABLATION",
+    "PAPER_SPEEDUP",
+    "PAPER_SPEEDUP_NOT_SIMULATED",
     "PRESETS",
     "SPEEDUP",
+    "TRAINING_ROWS",
+    "TRAINING_SPEEDUPS",
+    "TRAIN_NODE_HOURS_PER_GROUP_2_4T",
+    "TRAIN_NODE_HOURS_PER_GROUP_122B",
     "WORKLOADS",
+    "AblationRow",
     "BroadcastDone",
+    "Calibration",
     "CeilingLogNormal",
     "ClusterConfig",
+    "CostFit",
     "EmpiricalWorkload",
     "EventQueue",
+    "FigureFit",
     "GroupSample",
     "MicrostepDone",
     "Preset",
+    "ProfileFit",
     "PublishDone",
     "ReadyPool",
     "SimCluster",
     "SimResult",
     "SimRun",
+    "SpeedupRow",
     "Trainer",
     "TransitionRecord",
     "UpdateDone",
     "WorkloadModel",
     "ablation_table",
+    "calibrate",
     "cumulative_speedup",
+    "fit_profile",
     "get_preset",
     "load_workload",
     "parse_workload",
+    "planned_runs",
+    "profile",
+    "profile_draws",
     "role_timeline",
     "simulate",
     "speedup_table",
     "steps_and_speedup",
     "waterlevel",
+    "with_costs",
     "with_policy",
     "workload_from_run",
     "workload_stats",

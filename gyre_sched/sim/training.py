@@ -1,11 +1,12 @@
 """The simulated training side: the ready pool, stream packing and micro-step claims.
 
-Ready groups are handed out oldest dispatch wave first (a wave is what one boundary
-dispatch admitted), which is "prefer the oldest policy version" taken strictly.
+The packer takes ready groups oldest policy version first, then earliest ready (the
+paper's "pulls one ready group ... preferring the oldest policy version", and the live
+packer's ``select_oldest``): a group still running holds no ready group back.
 With streaming, any training cell claims micro-steps of the open batch as soon as a
 group is ready; without it, a batch starts only with all B groups ready, on the cells
 training at that moment, and the first batch of a burst waits for the whole burst's
-mu B groups (the global shuffle that non-streaming training exists for needs them
+mu B ready groups (the global shuffle that non-streaming training exists for needs them
 all). Returns what to schedule; it never touches a clock itself.
 """
 
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gyre_sched.config import SchedConfig
 from gyre_sched.decision import BatchClosed, BatchStarted, GroupClaimed, Input, WeightsPublished
@@ -68,52 +68,35 @@ class EventQueue:
         return bool(self._heap)
 
 
-@dataclass
-class _Wave:
-    version: int
-    unclaimed: int
-    ready: list[int] = field(default_factory=list)  # a heap of ready, unclaimed group ids
-
-
 class ReadyPool:
-    """Dispatched groups by wave, for strict oldest-version-first packing."""
+    """Dispatched groups and the ready ones among them, handed out oldest version first."""
 
     def __init__(self) -> None:
-        self._waves: deque[_Wave] = deque()
-        self._wave_of: dict[int, _Wave] = {}
+        self._version: dict[int, int] = {}  # dispatched, unclaimed group -> its policy version
+        self._ready: list[tuple[int, int, int]] = []  # a heap of (version, ready order, group)
+        self._order = 0
 
     def add_wave(self, first: int, groups: int, version: int) -> None:
-        wave = _Wave(version, groups)
-        self._waves.append(wave)
         for group in range(first, first + groups):
-            self._wave_of[group] = wave
+            self._version[group] = version
 
     def mark_ready(self, group: int) -> None:
-        heapq.heappush(self._wave_of[group].ready, group)
+        heapq.heappush(self._ready, (self._version[group], self._order, group))
+        self._order += 1
 
     def eligible(self) -> int:
-        """Ready groups of the oldest wave that still has unclaimed groups."""
-        return len(self._waves[0].ready) if self._waves else 0
+        """Ready, unclaimed groups."""
+        return len(self._ready)
 
     def batch_ready(self, need: int) -> bool:
-        """Whether the next ``need`` groups in wave order are all ready."""
-        for wave in self._waves:
-            if wave.unclaimed >= need:
-                return len(wave.ready) >= need
-            if len(wave.ready) < wave.unclaimed:
-                return False
-            need -= wave.unclaimed
-        return need <= 0
+        """Whether ``need`` groups are ready and unclaimed."""
+        return len(self._ready) >= need
 
     def claim(self) -> tuple[int, int]:
-        """Take the lowest-numbered ready group of the oldest wave: (group, version)."""
-        wave = self._waves[0]
-        group = heapq.heappop(wave.ready)
-        wave.unclaimed -= 1
-        del self._wave_of[group]
-        if wave.unclaimed == 0:
-            self._waves.popleft()
-        return group, wave.version
+        """Take the ready group of the oldest version, earliest ready first: (group, version)."""
+        version, _, group = heapq.heappop(self._ready)
+        del self._version[group]
+        return group, version
 
 
 class Phase(enum.Enum):

@@ -12,11 +12,16 @@ from typing import Protocol
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from gyre_sched.decision import Outcome
 from gyre_sched.exceptions import WorkloadError
 
 HOUR = 3600.0
+OUTCOME_CODES = (Outcome.COMPLETED, Outcome.HARNESS_TIMEOUT, Outcome.OVERALL_TIMEOUT)
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 class GroupSample(msgspec.Struct, frozen=True):
@@ -45,6 +50,9 @@ class CeilingLogNormal(msgspec.Struct, frozen=True, kw_only=True):
     latent x = median * exp(sigma_query * eta_q + sigma_exec * eps). x below the harness
     timeout completes at x; between it and ``overall_latent_h`` the harness times out at its
     ceiling (still scored); beyond, the execution hangs until the overall budget (discarded).
+    Apart from its query's difficulty, an execution ends in overall timeout with probability
+    ``stall_rate``: a hung harness, or an evaluation retried until the budget runs out (the
+    paper's evaluator failures); it holds its engine until the budget, like any other.
     """
 
     label: str
@@ -54,6 +62,7 @@ class CeilingLogNormal(msgspec.Struct, frozen=True, kw_only=True):
     harness_timeout_h: float
     overall_latent_h: float
     overall_budget_h: float
+    stall_rate: float = 0.0
 
     @property
     def name(self) -> str:
@@ -67,25 +76,31 @@ class CeilingLogNormal(msgspec.Struct, frozen=True, kw_only=True):
             raise WorkloadError(f"{self.label}: need 0 < harness timeout <= overall budget")
         if self.overall_latent_h < self.harness_timeout_h:
             raise WorkloadError(f"{self.label}: overall_latent_h must be >= the harness timeout")
+        if not 0.0 <= self.stall_rate < 1.0:
+            raise WorkloadError(f"{self.label}: stall_rate={self.stall_rate} must lie in [0, 1)")
         return self
+
+    def end(self, eta: FloatArray, eps: FloatArray, u: FloatArray) -> tuple[FloatArray, IntArray]:
+        """Hours and outcome codes (``OUTCOME_CODES``) from standard draws of any shape.
+
+        eta: per-query normals, broadcast against eps (per-execution normals); u: per-execution
+        uniforms, compared with ``stall_rate``. ``sample_group`` and the profile fit share it.
+        """
+        latent = self.median_h * np.exp(self.sigma_query * eta + self.sigma_exec * eps)
+        overall = (latent >= self.overall_latent_h) | (u < self.stall_rate)
+        harness = ~overall & (latent >= self.harness_timeout_h)
+        hours = np.where(overall, self.overall_budget_h, np.where(harness, self.harness_timeout_h, latent))
+        codes = np.where(overall, 2, np.where(harness, 1, 0))
+        return hours, codes
 
     def sample_group(self, rng: np.random.Generator, size: int) -> GroupSample:
         eta = rng.standard_normal()
         eps = rng.standard_normal(size)
-        latent = self.median_h * np.exp(self.sigma_query * eta + self.sigma_exec * eps)
-        durations: list[float] = []
-        outcomes: list[Outcome] = []
-        for x in latent.tolist():
-            if x < self.harness_timeout_h:
-                durations.append(x * HOUR)
-                outcomes.append(Outcome.COMPLETED)
-            elif x < self.overall_latent_h:
-                durations.append(self.harness_timeout_h * HOUR)
-                outcomes.append(Outcome.HARNESS_TIMEOUT)
-            else:
-                durations.append(self.overall_budget_h * HOUR)
-                outcomes.append(Outcome.OVERALL_TIMEOUT)
-        return GroupSample(tuple(durations), tuple(outcomes))
+        # draw the stall uniforms only when stalls exist, so a model without them keeps
+        # the random stream (and results) it always had
+        u = rng.random(size) if self.stall_rate > 0 else np.ones(size)
+        hours, codes = self.end(np.full(size, eta), eps, u)
+        return GroupSample(tuple((hours * HOUR).tolist()), tuple(OUTCOME_CODES[c] for c in codes.tolist()))
 
 
 class EmpiricalWorkload(msgspec.Struct, frozen=True):

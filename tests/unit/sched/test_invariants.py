@@ -145,11 +145,21 @@ def test_catches_counters_going_down_or_crossing() -> None:
     assert ViolationKind.COUNTER in _kinds(log)
 
 
-def test_catches_staleness_outside_the_dispatch_window() -> None:
-    # B = 4: groups 0..3 of the first wave belong to step 0 only
+def test_catches_negative_staleness_and_groups_consumed_twice_or_never_dispatched() -> None:
+    # B = 4; the packer takes ready groups oldest version first, so a group of the first
+    # wave may be consumed at any later step (a straggler), but never before its version
     log = [RunStarted(0.0), DispatchGroups(0.0, 0, 4, 2, 0, 8), GroupClaimed(1.0, 3, 0)]
     assert _kinds(log) == set()
-    log = [RunStarted(0.0), DispatchGroups(0.0, 0, 4, 2, 0, 8), GroupClaimed(1.0, 3, 1)]
+    log = [RunStarted(0.0), DispatchGroups(0.0, 0, 4, 2, 0, 8), GroupClaimed(1.0, 3, 5)]
+    assert _kinds(log) == set()
+    log = [RunStarted(0.0), DispatchGroups(0.0, 0, 4, 2, 2, 8), GroupClaimed(1.0, 3, 1)]
     assert _kinds(log) == {ViolationKind.STALENESS}
     log = [RunStarted(0.0), DispatchGroups(0.0, 0, 4, 2, 0, 8), GroupClaimed(1.0, 9, 0)]
+    assert _kinds(log) == {ViolationKind.STALENESS}
+    log = [
+        RunStarted(0.0),
+        DispatchGroups(0.0, 0, 4, 2, 0, 8),
+        GroupClaimed(1.0, 3, 0),
+        GroupClaimed(2.0, 3, 1),
+    ]
     assert _kinds(log) == {ViolationKind.STALENESS}

@@ -1,0 +1,83 @@
+"""The calibration fit: its profile measure, its searches and its fixed split."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+import pytest
+
+from gyre_sched import Outcome, workload_stats
+from gyre_sched.sim import (
+    ABLATION,
+    HELD_OUT_ROWS,
+    TRAINING_ROWS,
+    WORKLOADS,
+    fit_profile,
+    profile,
+    profile_draws,
+)
+from gyre_sched.sim.fit import FREE_122B, scan
+from gyre_sched.sim.tables import residual
+
+
+def test_split_covers_every_row_once_and_holds_out_a1_and_e1() -> None:
+    assert sorted((*TRAINING_ROWS, *HELD_OUT_ROWS, "E0")) == sorted(ABLATION)
+    assert not set(TRAINING_ROWS) & set(HELD_OUT_ROWS)
+    assert {"A1", "E1"} <= set(HELD_OUT_ROWS)
+
+
+def test_profile_on_fixed_draws_agrees_with_workload_stats() -> None:
+    model = WORKLOADS["nl2repo-122b"]
+    fixed = profile(model, profile_draws(queries=6000))
+    drawn = workload_stats(model, np.random.default_rng(3), 6000, 16)
+    assert fixed.mean_execution_h == pytest.approx(drawn.mean_execution_h, rel=0.03)
+    assert fixed.mean_query_h == pytest.approx(drawn.mean_query_h, rel=0.03)
+    assert fixed.queries_over_4h == pytest.approx(drawn.queries_over_4h, abs=0.012)
+    assert fixed.harness_timeout_rate == pytest.approx(drawn.harness_timeout_rate, abs=0.005)
+    assert fixed.overall_timeout_rate == pytest.approx(drawn.overall_timeout_rate, abs=0.002)
+
+
+def test_stalls_end_at_the_budget_whatever_the_difficulty() -> None:
+    model = msgspec.structs.replace(WORKLOADS["nl2repo-122b"], stall_rate=0.5)
+    group = model.sample_group(np.random.default_rng(0), 400)
+    stalled = [
+        d for d, o in zip(group.durations_s, group.outcomes, strict=True) if o is Outcome.OVERALL_TIMEOUT
+    ]
+    assert 150 < len(stalled) < 250
+    assert set(stalled) == {model.overall_budget_h * 3600}
+    # without stalls no uniform is drawn, so the stream (and every result) is what it was
+    never = msgspec.structs.replace(model, stall_rate=0.0)
+    rng, manual = np.random.default_rng(0), np.random.default_rng(0)
+    never.sample_group(rng, 16)
+    manual.standard_normal(), manual.standard_normal(16)
+    eta, eps = manual.standard_normal(), manual.standard_normal(16)
+    hours, _ = never.end(np.full(16, eta), eps, np.ones(16))
+    assert never.sample_group(rng, 16).durations_s == tuple((hours * 3600).tolist())
+
+
+def test_fit_profile_recovers_a_model_from_its_own_figures() -> None:
+    truth = WORKLOADS["nl2repo-122b"]
+    draws = profile_draws(queries=2000)
+    stats = profile(truth, draws)
+    targets = {k: getattr(stats, k) for k in ("mean_execution_h", "mean_query_h", "harness_timeout_rate")}
+    free = {k: FREE_122B[k] for k in ("median_h", "sigma_query", "sigma_exec")}
+    start = msgspec.structs.replace(truth, median_h=1.3, sigma_query=0.8, sigma_exec=0.6)
+    fit = fit_profile("nl2repo-122b", start, free, targets, draws, points=3, starts=2, iterations=80)
+    assert fit.loss < 1e-3
+    assert all(abs(f.residual) < 0.02 for f in fit.figures)
+    assert fit.model.median_h == pytest.approx(truth.median_h, rel=0.05)
+
+
+def test_scan_refines_around_the_grid_minimum() -> None:
+    best, loss, points = scan(lambda c: (c - 0.437) ** 2, [0.2, 0.3, 0.4, 0.5, 0.6], 0.01)
+    assert best == pytest.approx(0.44) and loss == pytest.approx(0.003**2)
+    assert [p.value for p in points] == sorted(p.value for p in points)
+
+
+def test_residual_is_zero_inside_a_range_and_relative_to_the_nearer_end() -> None:
+    assert residual(1.45, (1.42, 1.53)) == 0.0
+    assert residual(1.3, (1.42, 1.53)) == pytest.approx(1.3 / 1.42 - 1)
+    assert residual(1.6, (1.42, 1.53)) == pytest.approx(1.6 / 1.53 - 1)
+    assert math.isclose(residual(1.21, (1.21, 1.21)), 0.0)
