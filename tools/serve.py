@@ -131,7 +131,13 @@ def run_launcher(args: argparse.Namespace) -> int:
         root = Path(config.run_dir) / "workspaces"
         launcher = Launcher(
             opened.log,
-            LauncherConfig(run_id=args.run, proxy_url=args.proxy_url, root=root, harness=config.harness),
+            LauncherConfig(
+                run_id=args.run,
+                proxy_url=args.proxy_url,
+                root=root,
+                harness=config.harness,
+                max_running=config.rollout_engines * config.engine_capacity,
+            ),
         )
         console.print(f"launcher of run {args.run}: workspaces in {root}")
         launcher.run(_until_signal())

@@ -44,4 +44,4 @@ class BuiltinHarness(ClaudeCodeHarness):
             "ANTHROPIC_API_KEY": launch.api_key,
             "HOME": str(launch.home),
         }
-        return LaunchSpec(argv, env, stdin=launch.prompt)
+        return LaunchSpec(argv, env, stdin=launch.prompt, entry=("gyre_proxy.harness.agent", "main"))

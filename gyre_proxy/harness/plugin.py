@@ -44,11 +44,15 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
-    """The process to start for one execution: argv, extra environment, and stdin text."""
+    """The process to start for one execution: argv, extra environment, and stdin text.
+
+    ``entry`` (module, function) says that ``argv`` is ``python -m <module> ...`` and that
+    ``<function>(argv[3:])`` is the same program, so a launcher may fork it ready-imported."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: str = ""
+    entry: tuple[str, str] | None = None
 
 
 class HarnessPlugin(Protocol):

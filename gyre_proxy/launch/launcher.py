@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from gyre_proxy.exceptions import HarnessError
 from gyre_proxy.harness import HarnessPlugin, Launch, plugin_for
+from gyre_proxy.launch.processes import HarnessProcess, Starter
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 from gyre_proxy.service import issue_key, revoke_key
 from gyre_store import (
@@ -58,16 +58,17 @@ class LauncherConfig:
     model: str = "gyre-policy"
     poll_s: float = 0.2
     kill_grace_s: float = 2.0
+    max_running: int = 0  # harness processes at once (0: no limit); requests beyond it wait
+    fork_entries: bool = True  # start a Python harness forked ready-imported (processes.py)
 
 
 @dataclass
 class Running:
     request: ExecutionStartRequested
     dirs: ExecutionDirs
-    process: subprocess.Popen[bytes]
+    process: HarnessProcess
     api_key: str
     deadline: float
-    output: IO[bytes]
 
 
 def base_run(run_id: str) -> str:
@@ -96,6 +97,7 @@ class Launcher:
         self.config = config
         self.plugin = plugin or plugin_for(config.harness)
         self._clock = clock
+        self._starter = Starter(fork_entries=config.fork_entries)
         self._tasks: dict[tuple[str, str], TaskDefined] = {}
         self._pending: dict[str, ExecutionStartRequested] = {}
         self._started: set[str] = set()
@@ -165,7 +167,10 @@ class Launcher:
     def step(self) -> None:
         """Read new requests, start what is pending, and reap or kill what ended."""
         self._read_new()
+        limit = self.config.max_running
         for execution_id in list(self._pending):
+            if limit and len(self._running) >= limit:
+                break  # started in request order once a harness ends
             self._start(self._pending.pop(execution_id))
         now = self._clock()
         for execution_id, run in list(self._running.items()):
@@ -222,46 +227,31 @@ class Launcher:
         launch = Launch(
             dirs.workspace, dirs.home, task.prompt, self.config.proxy_url, api_key, self.config.model
         )
-        output = dirs.harness_log.open("wb")
         try:
             spec = self.plugin.launch_spec(launch)
             env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ} | dict(spec.env)
-            process = subprocess.Popen(
-                spec.argv,
-                cwd=dirs.workspace,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a budget kill takes its children too
-            )
+            process = self._starter.start(spec, cwd=dirs.workspace, env=env, log=dirs.harness_log)
         except (HarnessError, OSError) as exc:
-            output.close()
             self._finish(
                 request.execution_id, request.run_id, dirs, FinishReason.FAILED, f"not started: {exc}"
             )
             revoke_key(self.log, api_key, "not started")
             return
-        assert process.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            process.stdin.write(spec.stdin.encode())
-        process.stdin.close()
         deadline = self._clock() + task.budget_s
-        self._running[request.execution_id] = Running(request, dirs, process, api_key, deadline, output)
+        self._running[request.execution_id] = Running(request, dirs, process, api_key, deadline)
 
     def _kill(self, run: Running) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.process.pid, sig)
             try:
-                run.process.wait(timeout=self.config.kill_grace_s)
+                run.process.wait(self.config.kill_grace_s)
                 return
             except subprocess.TimeoutExpired:
                 continue
 
     def _reap(self, execution_id: str, reason: FinishReason, detail: str) -> None:
         run = self._running.pop(execution_id)
-        run.output.close()
         tail = run.dirs.harness_log.read_bytes()[-300:].decode(errors="replace").strip()
         if reason is not FinishReason.COMPLETED and tail:
             detail = f"{detail}: {tail}"
