@@ -83,18 +83,15 @@ def paper_loss(
     coefficients are not used, so a wrong 1/(L_i B N) in the packer shows here.
     """
     advantage = {e.execution_id: e.advantage for e in executions}
-    tokens: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (execution, logp [U], logp_roll [U])
+    per_execution: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # (logp, logp_roll) pieces
     for step in steps:
         logp = backend.logprobs(step, grad=False).double()  # [T]
         mask = torch.from_numpy(step.target_mask.copy())  # [T]
         roll = torch.from_numpy(step.behaviour_logprobs.astype("float64"))  # [T]
         slots = torch.from_numpy(step.slots.astype("int64"))  # [T]
         for slot, execution_id in enumerate(step.execution_ids):
-            mine = mask & (slots == slot)
-            tokens.append((execution_id, logp[mine], roll[mine]))
-    per_execution: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for execution_id, logp, roll in tokens:
-        per_execution.setdefault(execution_id, []).append((logp, roll))
+            mine = mask & (slots == slot)  # [T] this execution's targets
+            per_execution.setdefault(execution_id, []).append((logp[mine], roll[mine]))
     total, absolute = 0.0, 0.0
     raw_executions = len(executions)  # B N: every execution of the batch, with targets or not
     for execution_id, parts in per_execution.items():
