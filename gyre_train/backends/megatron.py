@@ -377,6 +377,19 @@ class MegatronBackend:
             {name: self._gradient_of(p).detach().float() for name, p in self.model.named_parameters()}
         )
 
+    def full_named_of(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A flat vector laid out like this shard's parameters (a reduced batch gradient, say) in
+        the TP=1, PP=1 layout and names (collective, like the tensors)."""
+        if flat.numel() != self.numel:
+            raise InvalidConfigError(f"flat vector has {flat.numel()} values, the shard {self.numel}")
+        shards: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                shards[name] = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+        return self._whole(shards)
+
     def _whole(self, shards: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         parameters = dict(self.model.named_parameters())
         stage = {self._global_names[n]: self._gathered(parameters[n], t) for n, t in shards.items()}

@@ -63,7 +63,8 @@ class CellConfig:
     dist_backend: str = "gloo"
     database_url: str | None = None
     engines: EnginePublisherConfig | None = None
-    output_dir: Path | None = None  # the core writes its flat parameters after each update here
+    # The core writes the batch gradient it applies and its parameters after each update here.
+    output_dir: Path | None = None
     step_delay_s: float = 0.0  # slows each gradient micro-step (tests of slow and dying cells)
     wait_timeout_s: float = 120.0
     position: int = 0  # this process's place inside its cell (0: the leader)
@@ -102,6 +103,10 @@ class CellReplica(Protocol):
 
     def update(self) -> float:
         """Core: one optimizer step on the reduced batch gradient; returns the gradient norm."""
+        ...
+
+    def save_gradient(self, directory: Path, policy_version: int) -> None:
+        """Core, between reduce and update: the reduced batch gradient as `grads-v<version>.pt`."""
         ...
 
     def expose(self, policy_version: int) -> None:

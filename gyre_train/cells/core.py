@@ -124,6 +124,8 @@ def _update(
             )
             contribution_keys.append(contribution_key(c.run_id, batch, index))
     cell.record(*contributions, keys=tuple(contribution_keys))
+    if c.output_dir is not None:
+        cell.replica.save_gradient(c.output_dir, cell.version + 1)
     norm = cell.replica.update()
     cell.version += 1
     cell.replica.expose(cell.version)

@@ -198,6 +198,7 @@ class Replica:
             "send": self._send_snapshot,
             "receive": self._receive_snapshot,
             "save": self._save,
+            "save_gradient": self._save_gradient,
             "publish": self._publish,
         }
 
@@ -273,6 +274,11 @@ class Replica:
     def save(self, directory: Path, policy_version: int) -> None:
         """Core: the weights after an update, as `params-v<version>.pt` (flat, or by name for Megatron)."""
         self._run("save", str(directory), policy_version)
+
+    def save_gradient(self, directory: Path, policy_version: int) -> None:
+        """Core, between reduce and update: the reduced batch gradient as `grads-v<version>.pt`
+        (flat, or by name in the TP=1, PP=1 layout for Megatron)."""
+        self._run("save_gradient", str(directory), policy_version)
 
     def publish(self, publisher: WeightPublisher, policy_version: int) -> None:
         self._run("publish", publisher, policy_version)
@@ -364,6 +370,16 @@ class Replica:
                 torch.save(named, target)
         else:
             torch.save(self.backend.flat_parameters(), target)
+
+    def _save_gradient(self, directory: str, policy_version: int) -> None:
+        assert self._reduced is not None  # the core reduces before it saves what it will apply
+        target = Path(directory) / f"grads-v{policy_version}.pt"
+        if isinstance(self.backend, MegatronBackend):
+            named = self.backend.full_named_of(self._reduced)  # collective over the cell
+            if self.layout.leads:
+                torch.save(named, target)
+        else:
+            torch.save(self._reduced.clone(), target)
 
     def _publish(self, publisher: WeightPublisher, policy_version: int) -> None:
         if isinstance(self.backend, MegatronBackend):

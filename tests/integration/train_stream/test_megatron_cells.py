@@ -61,25 +61,32 @@ PROMPT = [72, 101, 108, 108, 111, 44, 32]
 DATA = SyntheticBatchConfig(groups=2, executions=3, max_rows=2, vocab_size=128)
 # The vocabulary covers the reference engine's byte tokenizer, so an engine can serve it.
 SPEC = MegatronModelSpec(vocab_size=320, hidden_size=32, seed=5)
-# Clipped SGD moves every weight by lr * clipped gradient, so the check is tight (see test_megatron).
-OPTIMIZER = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.01)
+# Unclipped SGD moves every weight by lr * g, so the weights after each update see the magnitude
+# of every gradient applied so far (a clipped step would only see its direction).
+OPTIMIZER = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.0)  # lr 1: see the step check
 LOSS = LossConfig(clip_low=0.01, clip_high=100.0)
 
 
 def _reference(
     rank: int, data: SyntheticBatchConfig, seed: int, batch_count: int, port: int, output: str
 ) -> None:
-    """One process, TP=1: train each whole batch in turn, save the weights after each update."""
+    """One process, TP=1: train each whole batch in turn; save the weights after each update and
+    each update's batch gradient, loss and gradient norm."""
     from gyre_train.backends import MegatronBackend
-    from gyre_train.cells import train_batch_locally
+    from gyre_train.cells import gradient_share, merge_shares, ratio_share
 
     with gloo_world(rank, 1, port), MegatronBackend(SPEC, OPTIMIZER) as backend:
-        states = [backend.full_named_tensors()]
+        states, gradients, losses, norms = [backend.full_named_tensors()], [], [], []
         for b in range(batch_count):
             steps, executions = synthetic_batch(seed, b, data)
-            train_batch_locally(backend, steps, executions, LOSS)
+            # train_batch_locally, with the batch gradient kept before it is applied
+            clip = merge_shares((ratio_share(backend, s) for s in steps), executions, LOSS)
+            backend.zero_gradients()
+            losses.append(sum(gradient_share(backend, s, clip, LOSS) for s in steps))
+            gradients.append(backend.full_named_gradients())
+            norms.append(backend.apply_update(backend.flat_gradients()))
             states.append(backend.full_named_tensors())
-        torch.save(states, output)
+        torch.save({"states": states, "gradients": gradients, "losses": losses, "norms": norms}, output)
 
 
 def _start_reference(data: SyntheticBatchConfig, seed: int, count: int, output: Path) -> mp.ProcessContext:
@@ -94,19 +101,44 @@ def _start_reference(data: SyntheticBatchConfig, seed: int, count: int, output: 
     return context
 
 
-def _assert_updates_equal(reference: mp.ProcessContext, output: Path, count: int) -> None:
-    """params-v1..count written by the core equal the reference's weights after each update."""
+def _assert_updates_equal(
+    reference: mp.ProcessContext, output: Path, updates: list[TrainingUpdate], count: int
+) -> None:
+    """Each update the core applied (grads-v<k>.pt), recorded (loss, grad_norm) and left behind
+    (params-v<k>.pt) equals the TP=1 reference's.
+
+    TP=2 splits each matmul's sums over two ranks and PP=2 sends activations between stages, so
+    gradients differ from TP=1 by float32 rounding inside the model, not by summation order
+    alone: the tolerances are measured. Worst seen (gradients up to 3.6e-3): gradients 1.4e-9
+    apart, loss 1.6e-7 and norm 7e-8 relative, weights one float32 ulp apart (3.7e-9) after three
+    updates; any wrong scale of a gradient moves values by a fraction of the gradient itself.
+    """
     while not reference.join(timeout=240):
         pass
-    states = torch.load(output / "reference.pt")
-    for version in range(1, count + 1):
+    saved = torch.load(output / "reference.pt")
+    states = saved["states"]
+    assert [u.policy_version for u in updates] == list(range(1, count + 1))
+    for version, update in enumerate(updates, start=1):
+        applied = torch.load(output / f"grads-v{version}.pt")
+        expected_gradient = saved["gradients"][version - 1]
+        assert applied.keys() == expected_gradient.keys()
+        for name, gradient in expected_gradient.items():
+            torch.testing.assert_close(
+                applied[name], gradient, rtol=1e-4, atol=1e-8, msg=f"v{version} {name}"
+            )
+        assert update.loss == pytest.approx(saved["losses"][version - 1], rel=1e-6)
+        assert update.grad_norm == pytest.approx(saved["norms"][version - 1], rel=1e-6)
+
         got = torch.load(output / f"params-v{version}.pt")
         expected = states[version]
+        before = torch.load(output / f"params-v{version - 1}.pt") if version > 1 else states[0]
         assert got.keys() == expected.keys()
         moved = max(float((expected[n] - states[version - 1][n]).abs().max()) for n in expected)
-        assert moved > 1e-4  # the update is not trivially zero (100x the tolerance)
+        assert moved > 1e-4  # the update is not trivially zero (5,000x the tolerance)
         for name, tensor in expected.items():
-            torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=f"v{version} {name}")
+            # The core stepped on what it applied: with lr 1, p - lr g is one float32 subtraction.
+            assert torch.equal(got[name], before[name] - applied[name]), f"v{version} {name} step"
+            torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=2e-8, msg=f"v{version} {name}")
 
 
 def test_cells_refuse_nccl_until_gpu_cells_exist(redis_url: str) -> None:
@@ -192,14 +224,15 @@ def test_megatron_cells_with_a_joining_satellite_equal_one_process_and_publish(
                     enqueue_batch(queue, steps, executions, 0.02)
                 cluster.wait(timeout_s=240)
             version, output_ids, served = _engine_logprobs(engine.base_url)
-        _assert_updates_equal(reference, output, len(batches))
-        final = torch.load(output / "reference.pt")[len(batches)]
+        events = [e.event for e in iterate(pg_log)]
+        updates = [e for e in events if isinstance(e, TrainingUpdate)]
+        _assert_updates_equal(reference, output, updates, len(batches))
+        final = torch.load(output / "reference.pt")["states"][len(batches)]
     # The engine serves the last publication (version 3) as the GPT-2 export of Megatron's weights.
     assert version == "3" and len(served) == 4
     expected = _gpt2_logprobs(final, output_ids)
     assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-4
 
-    events = [e.event for e in iterate(pg_log)]
     contributions = [e for e in events if isinstance(e, ContributionAccepted)]
     seen = Counter((e.batch, e.micro_step) for e in contributions)
     assert seen == Counter({(b, m): 1 for b, n in sizes.items() for m in range(n)})
@@ -207,7 +240,6 @@ def test_megatron_cells_with_a_joining_satellite_equal_one_process_and_publish(
     claimed_by = Counter(e.cell for e in events if isinstance(e, MicroStepClaimed))
     assert claimed_by[0] > 0 and claimed_by[1] > 0  # only leaders claim: two cells, not four ranks
     assert set(claimed_by) == {0, 1}
-    updates = [e for e in events if isinstance(e, TrainingUpdate)]
     assert [(u.policy_version, u.final) for u in updates] == [(1, False), (2, True), (3, True)]
     roles = [(e.cell_index, e.role) for e in events if isinstance(e, CellRoleChanged)]
     assert roles.count((1, CellRole.TRAINING)) == 2  # the satellite joined both bursts
@@ -241,8 +273,8 @@ def test_a_megatron_satellite_killed_mid_batch_leaves_the_update_equal(
                 time.sleep(0.005)
             cluster.kill(2)  # both of its processes
             cluster.wait(timeout_s=240)
-        _assert_updates_equal(reference, output, 1)
-    events = [e.event for e in iterate(pg_log)]
+        events = [e.event for e in iterate(pg_log)]
+        _assert_updates_equal(reference, output, [e for e in events if isinstance(e, TrainingUpdate)], 1)
     contributions = [e for e in events if isinstance(e, ContributionAccepted)]
     assert Counter(e.micro_step for e in contributions) == Counter(range(len(steps)))
     assert 2 not in {e.cell for e in contributions}  # the dead cell's gradients never entered

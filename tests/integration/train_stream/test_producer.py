@@ -13,11 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-import torch
 
 from gyre_proxy.engines.refengine import free_port
 from gyre_store import PostgresEventLog, PostgresProjectionStore, iterate
-from gyre_store.catalog import GroupConsumed, ModelCallRecorded, Provenance, TitoArrays, new_record
+from gyre_store.catalog import (
+    GroupConsumed,
+    ModelCallRecorded,
+    Provenance,
+    TitoArrays,
+    TrainingUpdate,
+    new_record,
+)
 from gyre_train import (
     AdmissionConfig,
     CallableEvaluator,
@@ -29,7 +35,7 @@ from gyre_train import (
     ProducerTimeoutError,
     StoreGroupSource,
 )
-from gyre_train.backends import ModelSpec, OptimizerConfig, TorchBackend
+from gyre_train.backends import ModelSpec, OptimizerConfig
 from gyre_train.cells import (
     TINY_QWEN3,
     BurstPlan,
@@ -38,15 +44,16 @@ from gyre_train.cells import (
     RedisMicroStepQueue,
     cell_configs,
     stream_batch,
-    train_batch_locally,
 )
-from gyre_train.objective import LossConfig
 from gyre_train.trajectories import MicroStep
+from tests.integration.train_stream.magnitudes import check_updates
 from tests.unit.train.runs import dispatch_group, finish, projections, start
 
 RUN = "producer-run"
 SPEC = ModelSpec(TINY_QWEN3, seed=4)
-OPTIMIZER = OptimizerConfig(lr=1e-2)
+# Unclipped (the batch gradient norm is about 1.1): the first AdamW step is then g / (|g| + eps)
+# per weight, whose sensitivity to summation order magnitudes.py bounds.
+OPTIMIZER = OptimizerConfig(lr=1e-2, max_grad_norm=0.0)
 SCORES = {"p-a": 1.0, "p-b": 0.0, "p-c": 0.2, "p-d": 0.9}
 GROUPS = {"p-g0": ("p-a", "p-b"), "p-g1": ("p-c", "p-d")}
 PACKING = PackingConfig(token_budget=48, groups_per_batch=2, executions_per_group=2)
@@ -99,7 +106,7 @@ def _source(log: PostgresEventLog) -> tuple[StoreGroupSource, EvaluationRunner]:
 
 
 def test_cells_train_on_groups_streamed_from_the_store(
-    redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog
+    redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog, database_url: str
 ) -> None:
     source, runner = _source(pg_log)
     _finish_group(pg_log, runner, "p-g0")  # the second group closes only after streaming began
@@ -108,7 +115,7 @@ def test_cells_train_on_groups_streamed_from_the_store(
         output = Path(tmp)
         configs = cell_configs(
             cells=2, redis_url=redis_url, port=free_port(), model=SPEC, prefix=prefix,
-            optimizer=OPTIMIZER, output_dir=output,
+            optimizer=OPTIMIZER, output_dir=output, database_url=database_url,
         )  # fmt: skip
         late = threading.Timer(1.5, _finish_group, args=(pg_log, runner, "p-g1"))
         with CellCluster(configs, [BurstPlan(batches=(0,), joins={1: (0, 1)})]) as cluster:
@@ -119,18 +126,16 @@ def test_cells_train_on_groups_streamed_from_the_store(
             waited = time.monotonic() - started
             late.join()
             cluster.wait(timeout_s=120)
-        got = torch.load(output / "params-v1.pt")
+        updates = [e.event for e in iterate(pg_log) if isinstance(e.event, TrainingUpdate)]
+        # The gradient, loss, norm and parameters of the update equal one process training the
+        # micro-steps that were streamed (tolerances derived in magnitudes.py).
+        check_updates(output, SPEC, OPTIMIZER, [(put, manifest.summaries())], updates)
 
     assert waited >= 1.5  # the stream stayed open until the second group was ready
     assert manifest.micro_steps == len(put) >= 2
     assert [s.index for s in put] == list(range(len(put)))
     assert {e for s in put for e in s.execution_ids} == set(SCORES)
-    backend = TorchBackend(SPEC, OPTIMIZER)
-    initial = backend.flat_parameters()
-    train_batch_locally(backend, put, manifest.summaries(), LossConfig())
-    expected = backend.flat_parameters()
-    assert float((expected - initial).abs().max()) > 1e-3
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert len(manifest.executions) == PACKING.raw_executions  # B N executions weigh the loss
     consumed = [e.event for e in iterate(pg_log) if isinstance(e.event, GroupConsumed)]
     assert sorted((c.group_id, c.step) for c in consumed) == [("p-g0", 1), ("p-g1", 1)]
 

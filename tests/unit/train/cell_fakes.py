@@ -175,6 +175,9 @@ class FakeReplica:
     def save(self, directory: Path, policy_version: int) -> None:
         raise AssertionError("fake cells have no output directory")
 
+    def save_gradient(self, directory: Path, policy_version: int) -> None:
+        raise AssertionError("fake cells have no output directory")
+
     def publish(self, publisher: WeightPublisher, policy_version: int) -> None:
         self.published.append(policy_version)
 

@@ -1,0 +1,162 @@
+"""A `gyre proxy serve` process killed with SIGKILL and started again on the same PostgreSQL
+database continues an execution it never saw: the new process has nothing in memory, matches
+the harness's history against the stored tree and extends the stored record (one path, one
+root), and the records written before the kill are unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import numpy as np
+
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
+from gyre_store import InMemoryProjectionStore, PostgresEventLog, StoreConfig, catch_up
+from gyre_store.catalog import ModelCallRecorded
+from gyre_store.log import StreamId
+from gyre_store.trees import TreeProjection, TreeView
+from tests.acceptance.conftest import ROOT, gyre
+
+TOOL_CALL = 'Let me look.\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "run a command",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+    }
+]
+
+
+@contextmanager
+def proxy_process(
+    database_url: str, engine_url: str, port: int, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`gyre proxy serve` as a user starts it, ready once /health answers; killed on the way out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
+    env["GYRE_DATABASE_URL"] = database_url
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gyre_tools.cli", "proxy", "serve", "--engine", f"e0={engine_url}",
+             "--port", str(port)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, f"gyre proxy serve exited: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"gyre proxy serve never answered: {log.read_text()[-2000:]}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+def stored_calls(database_url: str, execution_id: str) -> list[ModelCallRecorded]:
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        return [
+            e.event
+            for e in log.read_stream(StreamId("calls", execution_id))
+            if isinstance(e.event, ModelCallRecorded)
+        ]
+
+
+def wait_for_calls(database_url: str, execution_id: str, count: int) -> list[ModelCallRecorded]:
+    """The execution's records once `count` are in PostgreSQL (the proxy writes them off the path)."""
+    deadline = time.monotonic() + 60
+    while len(calls := stored_calls(database_url, execution_id)) < count:
+        assert time.monotonic() < deadline, f"{len(calls)} of {count} records reached the database"
+        time.sleep(0.1)
+    return calls
+
+
+def tree(database_url: str, execution_id: str) -> TreeView:
+    projection = TreeProjection()
+    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        catch_up(log, store, projection)
+    return TreeView.load(store, execution_id)
+
+
+def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"outputs": [TOOL_CALL, "There are two files."], "rule": "in_order"}))
+    engine_config = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen", seed=0), max_context=8192, script=script
+    )
+    port = free_port()
+    registered = gyre(
+        "executions", "new", "--json", "--run-id", "restart-run", "--execution-id", "ex-restart",
+        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": fresh_database_url},
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    execution = json.loads(registered.stdout)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in this folder?"}]
+
+    with ReferenceEngineServer(engine_config) as engine:
+        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path / "proxy.log") as first:
+            client = anthropic.Anthropic(
+                base_url=execution["base_url"], api_key=execution["api_key"], max_retries=0
+            )
+            answer = client.messages.create(model="gyre", max_tokens=300, tools=TOOLS, messages=messages)  # type: ignore[arg-type]
+            client.close()
+            assert answer.stop_reason == "tool_use"
+            (before,) = wait_for_calls(fresh_database_url, "ex-restart", 1)
+            view = tree(fresh_database_url, "ex-restart")
+            first_input, first_output = (
+                view.input_of(before.request_id)[0],
+                view.output_of(before.request_id)[0],
+            )
+            first.send_signal(signal.SIGKILL)
+            assert first.wait(30) == -signal.SIGKILL
+
+        use = next(b for b in answer.content if b.type == "tool_use")
+        messages += [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py\nb.py"}],
+            },
+        ]
+        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path / "proxy.log"):
+            client = anthropic.Anthropic(
+                base_url=execution["base_url"], api_key=execution["api_key"], max_retries=0
+            )
+            second = client.messages.create(model="gyre", max_tokens=300, tools=TOOLS, messages=messages)  # type: ignore[arg-type]
+            client.close()
+            assert [b.text for b in second.content if b.type == "text"] == ["There are two files."]
+            calls = wait_for_calls(fresh_database_url, "ex-restart", 2)
+
+    # The record from before the kill is untouched, and the continuation extends it.
+    assert calls[0] == before
+    assert calls[1].prefix_of == before.request_id
+    assert calls[1].prefix_len == len(first_input) + len(first_output)
+    view = tree(fresh_database_url, "ex-restart")
+    np.testing.assert_array_equal(view.input_of(before.request_id)[0], first_input)
+    np.testing.assert_array_equal(view.output_of(before.request_id)[0], first_output)
+    second_input = view.input_of(calls[1].request_id)[0]
+    np.testing.assert_array_equal(second_input[: len(first_input) + len(first_output)],
+                                  np.concatenate([first_input, first_output]))  # fmt: skip
+    assert len(second_input) > len(first_input) + len(first_output)  # the tool result was added
+    stats = view.stats()
+    assert stats.requests == 2 and stats.roots == 1  # one path: no new root after the restart
+    first_end = view.records[before.request_id].end_node
+    assert first_end in view.path(view.records[calls[1].request_id].end_node)
