@@ -12,8 +12,10 @@ stop the processes, and write the report (JSON, plots, TensorBoard) from the log
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +84,8 @@ def run_command(args: argparse.Namespace) -> int:
     config = read_config(Path(args.config)) if args.config else DEMO
     started = time.monotonic()
     register_sched_events()
+    # SIGTERM ends the run as Ctrl-C does: the processes are stopped and the report written.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with open_store(args, with_redis=True) as opened:
         run = LiveRun(opened.log, config, Path(args.data_dir), args.run_id or config.run_id or None)
         env = {
@@ -118,6 +122,10 @@ class LiveRun:
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     failed: str | None = None
     proxy_url: str = ""
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    max_restarts: int = 5
 
     # -- the run and its configuration -----------------------------------------------------------
 
@@ -179,20 +187,35 @@ class LiveRun:
             "evaluator": [*gyre, "evaluator", "serve", *run],
             "controller": [*gyre, "controller", "serve", *run],
         }  # fmt: skip
+        self.commands, self.env = commands, env
         for name in PROCESS_NAMES:
-            out = (logs / f"{name}.log").open("ab")
-            self.children[name] = subprocess.Popen(
-                commands[name], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
+            self._spawn(name)
         self._wait_for_engines(timeout_s=180.0)
 
+    def _spawn(self, name: str) -> None:
+        out = (Path(self.config.run_dir) / "logs" / f"{name}.log").open("ab")
+        self.children[name] = subprocess.Popen(
+            self.commands[name],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+
     def _check_children(self) -> None:
-        for name, child in self.children.items():
+        """Start again a process that died: each recovers its state from the log (the trainer
+        from the last publication), so the run goes on; give up after ``max_restarts``."""
+        for name, child in list(self.children.items()):
             code = child.poll()
-            if code is not None and self.failed is None:
-                self.failed = f"the {name} process exited {code} (see {self.config.run_dir}/logs/{name}.log)"
-        if self.failed:
-            raise RunFailed(self.failed)
+            if code is None:
+                continue
+            log = f"{self.config.run_dir}/logs/{name}.log"
+            if self.restarts.get(name, 0) >= self.max_restarts:
+                self.failed = f"the {name} process exited {code} {self.max_restarts + 1} times (see {log})"
+                raise RunFailed(self.failed)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            console.print(f"[yellow]the {name} process exited {code}; starting it again (see {log})[/yellow]")
+            self._spawn(name)
 
     def _wait_for_engines(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -329,6 +352,14 @@ class LiveRun:
         if self.failed:
             return f"[red]run {self.run_id} failed: {self.failed}[/red]"
         return summary.get("verdict", "")
+
+
+def _die_with_parent() -> None:
+    """In a child, before it runs: a SIGTERM when ``gyre run`` dies, however it dies (Linux), so
+    a run started again never meets the processes of its previous life."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class RunFailed(RuntimeError):

@@ -20,13 +20,13 @@ import torch
 from gyre_proxy.api import MESSAGES_DECODER, to_chat_request
 from gyre_proxy.chat import Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from gyre_proxy.engines import qwen_tokenizer
-from gyre_proxy.harness.agent import SYSTEM_MAIN, TOOL_SPECS
+from gyre_proxy.harness import SYSTEM_MAIN, TOOL_SPECS
 from gyre_proxy.ingest import Qwen3Template, encode_request
 from gyre_store import TaskSplit
 from gyre_store.trees import ExecutionContext
 from gyre_tools.common import console
 from gyre_tools.run_config import ConfigFileError, RunConfig
-from gyre_train.backends.warmstart import TINY_POLICY, TokenSequence, WarmStartConfig, new_policy, warm_start
+from gyre_train.backends import TINY_POLICY, TokenSequence, WarmStartConfig, new_policy, warm_start
 from gyre_train.tasks import DEMO_WEIGHTS, Demonstration, family, instances
 
 RECIPE = 1  # changes whenever rendering or training changes: a new cache entry

@@ -8,6 +8,7 @@ only reads its requests and starts its process.
 from __future__ import annotations
 
 from gyre_proxy import exceptions
+from gyre_proxy.harness.agent import COMPACT_REQUEST, RESUME, SYSTEM_MAIN, SYSTEM_SUB, TOOL_SPECS
 from gyre_proxy.harness.builtin import BuiltinHarness
 from gyre_proxy.harness.claude_code import AGENT_TOOLS, COMPACTION, ClaudeCodeHarness
 from gyre_proxy.harness.plugin import CallTraits, GenericHarness, HarnessPlugin, Launch, LaunchSpec
@@ -34,7 +35,12 @@ def plugin_for(name: str) -> HarnessPlugin:
 __all__ = [
     "AGENT_TOOLS",
     "COMPACTION",
+    "COMPACT_REQUEST",
     "HARNESSES",
+    "RESUME",
+    "SYSTEM_MAIN",
+    "SYSTEM_SUB",
+    "TOOL_SPECS",
     "BuiltinHarness",
     "CallTraits",
     "ClaudeCodeHarness",

@@ -12,17 +12,23 @@ from gyre_train.backends.megatron_cpu import cpu_megatron, megatron_module
 from gyre_train.backends.megatron_export import ExportedModel, gpt2_config, to_gpt2
 from gyre_train.backends.megatron_model import MegatronModelSpec
 from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.backends.warmstart import TINY_POLICY, TokenSequence, WarmStartConfig, new_policy, warm_start
 
 __all__ = [
+    "TINY_POLICY",
     "ExportedModel",
     "MegatronBackend",
     "MegatronModelSpec",
     "ModelSpec",
     "OptimizerConfig",
+    "TokenSequence",
     "TorchBackend",
     "TrainingBackend",
+    "WarmStartConfig",
     "cpu_megatron",
     "gpt2_config",
     "megatron_module",
+    "new_policy",
     "to_gpt2",
+    "warm_start",
 ]

@@ -12,8 +12,11 @@ node agent per machine; the agents find each other through the log and Redis onl
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.process
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -92,7 +95,7 @@ class NodeAgent:
     ) -> _Supervised:
         def start() -> multiprocessing.process.BaseProcess:
             process: multiprocessing.process.BaseProcess = ctx.Process(  # type: ignore[attr-defined]
-                target=target[0], args=target[1], name=f"gyre-{name}", daemon=False
+                target=_child, args=(target[0], target[1]), name=f"gyre-{name}", daemon=False
             )
             process.start()
             return process
@@ -153,3 +156,11 @@ def stop_processes(procs: Sequence[multiprocessing.process.BaseProcess], grace_s
         if process.is_alive():
             process.kill()
             process.join(5)
+
+
+def _child(target: Callable[..., None], args: tuple[object, ...]) -> None:
+    """A supervised process: it ends with its node agent, however the agent ends (Linux), so a
+    node started again never meets the cells of its previous life."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    target(*args)

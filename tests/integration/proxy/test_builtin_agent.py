@@ -18,8 +18,7 @@ import pytest
 
 from gyre_proxy import ProxyConfig, ProxyService
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.harness import BuiltinHarness
-from gyre_proxy.harness.agent import COMPACT_REQUEST, RESUME
+from gyre_proxy.harness import COMPACT_REQUEST, RESUME, BuiltinHarness
 from gyre_proxy.launch import Launcher, LauncherConfig
 from gyre_store import (
     ArtifactPreserved,
