@@ -2,10 +2,16 @@
 
 Packed rows must not see each other: position ids restart per row and a block-diagonal causal
 4-D mask (additive, accepted as-is by eager and SDPA attention) keeps attention inside a row.
-It materializes [T, V] logits at once, so it suits small models and tests, not 700K-token rows.
+The loss reads logprobs at target tokens only, so for a model whose logits are its last hidden
+state times an output matrix (Qwen, Llama and the like) the head runs at those positions alone,
+the vocabulary in chunks, the softmax recomputed in backward rather than stored: a micro-step of
+T tokens over V words then never holds a [T, V] tensor (4 GB at T = 4K, V = 248K). Other models
+take the general path, which materializes the [T, V] logits.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +34,60 @@ def block_causal_mask(row_starts: np.ndarray, dtype: torch.dtype, device: torch.
     return mask[None, None]
 
 
-def packed_token_logprobs(model: torch.nn.Module, step: PackedStep) -> torch.Tensor:
-    """[T] log pi_theta(token_k | earlier tokens of its row); 0 at each row's first token.
+VOCAB_CHUNK = 16_384  # output-matrix rows per chunk of the targets-only head
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """log softmax(h W^T)[y] per row of h, without the [U, V] matrix surviving the call."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # hidden [U, H] at the positions before each target, weight [V, H], targets [U]
+        lse = hidden.new_full((hidden.shape[0],), float("-inf"))  # [U] log partition
+        for start in range(0, weight.shape[0], VOCAB_CHUNK):
+            lse = torch.logaddexp(
+                lse, torch.logsumexp(hidden @ weight[start : start + VOCAB_CHUNK].T, dim=-1)
+            )
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        return (hidden * weight[targets]).sum(-1) - lse  # [U]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        g = grad[:, None]  # [U, 1]
+        grad_hidden = g * weight[targets]  # d(h . w_y) / dh
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros_like(weight)
+            grad_weight.index_add_(0, targets, g * hidden)
+        for start in range(0, weight.shape[0], VOCAB_CHUNK):
+            chunk = weight[start : start + VOCAB_CHUNK]  # [C, H]
+            scaled = g * torch.exp(hidden @ chunk.T - lse[:, None])  # [U, C]: grad times softmax
+            grad_hidden = grad_hidden - scaled @ chunk
+            if grad_weight is not None:
+                grad_weight[start : start + VOCAB_CHUNK] -= scaled.T @ hidden
+        return grad_hidden, grad_weight, None
+
+
+def _head_is_linear(model: torch.nn.Module) -> bool:
+    """Whether logits are ``last hidden state @ output_embeddings.weight.T`` and nothing more."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    backbone = getattr(model, "model", None)
+    config = getattr(model, "config", None)
+    return (
+        isinstance(head, torch.nn.Linear)
+        and head.bias is None
+        and isinstance(backbone, torch.nn.Module)
+        and getattr(config, "model_type", "") in ("qwen2", "qwen3", "llama", "mistral")
+        and not getattr(config, "final_logit_softcapping", None)
+    )
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module, step: PackedStep, *, targets_only: bool = True
+) -> torch.Tensor:
+    """[T] log pi_theta(token_k | earlier tokens of its row); 0 at each row's first token, and,
+    with ``targets_only`` on a linear-head model, 0 at every non-target token.
 
     Runs one forward pass with gradients enabled (wrap in torch.no_grad() for pass 1). The model
     must accept input_ids, position_ids and a 4-D attention_mask and return `.logits`.
@@ -41,6 +99,8 @@ def packed_token_logprobs(model: torch.nn.Module, step: PackedStep) -> torch.Ten
         return torch.zeros(0, dtype=torch.float32, device=device)
     input_ids = torch.tensor(step.token_ids, dtype=torch.long, device=device)  # [T]
     position_ids = torch.tensor(step.position_ids, dtype=torch.long, device=device)  # [T]
+    if targets_only and _head_is_linear(model):
+        return _target_logprobs(model, step, input_ids, position_ids)
     output = model(
         input_ids=input_ids[None],
         position_ids=position_ids[None],
@@ -52,3 +112,20 @@ def packed_token_logprobs(model: torch.nn.Module, step: PackedStep) -> torch.Ten
     logprobs = torch.cat([predicted.new_zeros(1), predicted])  # [T]
     # A row's first token would be "predicted" by the previous row's last one: not a real prediction.
     return logprobs.masked_fill(position_ids == 0, 0.0)
+
+
+def _target_logprobs(
+    model: Any, step: PackedStep, input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    device, dtype = input_ids.device, next(model.parameters()).dtype
+    hidden = model.model(
+        input_ids=input_ids[None],
+        position_ids=position_ids[None],
+        attention_mask=block_causal_mask(step.row_starts, dtype, device),
+        use_cache=False,
+    ).last_hidden_state[0]  # [T, H]
+    # A target at a row's first token has no prediction; the packer never makes one.
+    where = torch.tensor(np.flatnonzero(step.target_mask & (step.position_ids > 0)), device=device)  # [U]
+    weight = model.get_output_embeddings().weight  # [V, H]
+    picked = _TargetLogprob.apply(hidden[where - 1].float(), weight.float(), input_ids[where])  # type: ignore[no-untyped-call]  # [U]
+    return torch.zeros(input_ids.shape[0], dtype=torch.float32, device=device).index_put((where,), picked)

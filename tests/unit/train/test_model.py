@@ -79,7 +79,7 @@ def test_packed_logprobs_equal_per_row_logprobs(attention: str) -> None:
     by_key = {(r.execution_id, r.trajectory): r for r in rows}
     with torch.no_grad():
         for step in steps:
-            packed = packed_token_logprobs(model, step)
+            packed = packed_token_logprobs(model, step, targets_only=False)
             unmasked = model(input_ids=torch.tensor(step.token_ids, dtype=torch.long)[None]).logits
             for k, key in enumerate(step.rows):
                 lo, hi = int(step.row_starts[k]), int(step.row_starts[k + 1])
@@ -125,3 +125,35 @@ def test_one_step_moves_target_logprobs_with_the_advantage(advantage: float) -> 
     optimizer.step()
     after = _target_logprob_sum(model, steps)
     assert (after - before) * advantage > 0
+
+
+@pytest.mark.parametrize("chunk", [16, 1000])
+def test_the_targets_only_head_equals_the_full_softmax_in_value_and_gradient(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gyre_train.objective import logprobs as module
+
+    monkeypatch.setattr(module, "VOCAB_CHUNK", chunk)  # 16: many chunks; 1000: one
+    model = _model("sdpa").train()
+    rng = np.random.default_rng(1)
+    rows = tuple(r for k in range(2) for r in synthetic_rows(rng, f"e{k}", 2, 20, 60, vocab_size=VOCAB))
+    _, steps = _pack(rows, advantage=1.0)
+    step = steps[0]
+    targets = torch.tensor(step.target_mask)
+    weights = torch.tensor(rng.normal(size=len(step)), dtype=torch.float32)  # [T] an arbitrary loss
+
+    def value_and_grads(targets_only: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        logprobs = packed_token_logprobs(model, step, targets_only=targets_only)
+        (logprobs[targets] * weights[targets]).sum().backward()
+        return logprobs[targets].detach(), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+    fast, fast_grads = value_and_grads(True)
+    full, full_grads = value_and_grads(False)
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+    for a, b in zip(fast_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert int(targets.sum()) > 0 and float(fast_grads[0].abs().sum()) > 0  # the head's gradient
+    # Non-targets are left at 0: only targets feed the loss.
+    with torch.no_grad():
+        assert float(packed_token_logprobs(model, step)[~targets].abs().sum()) == 0.0
