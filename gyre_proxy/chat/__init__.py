@@ -20,6 +20,7 @@ from gyre_proxy.chat.answerer import (
     ThinkingDelta,
     ToolInputDelta,
 )
+from gyre_proxy.chat.evaluations import EvaluationAnswer, EvaluationAsked, EvaluationGateway
 from gyre_proxy.chat.messages import (
     Block,
     ChatRequest,
@@ -46,6 +47,9 @@ __all__ = [
     "BlockStop",
     "ChatRequest",
     "ChatResponse",
+    "EvaluationAnswer",
+    "EvaluationAsked",
+    "EvaluationGateway",
     "ExecutionAuth",
     "KeyResolver",
     "Message",

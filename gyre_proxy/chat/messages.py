@@ -42,6 +42,7 @@ class ToolResultBlock(msgspec.Struct, frozen=True, tag="tool_result"):
     tool_use_id: str
     content: str
     is_error: bool = False
+    critique: bool = False  # the content is an evaluator's critique the execution asked for
 
 
 Block = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock

@@ -7,6 +7,7 @@ path, and the synthetic trace generator that goes through the same path. No engi
 from __future__ import annotations
 
 from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
+from gyre_proxy.ingest.critiques import CritiqueBook
 from gyre_proxy.ingest.incremental import (
     EncodedRequest,
     Match,
@@ -21,6 +22,7 @@ from gyre_proxy.ingest.spool import RecordSpool
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 
 __all__ = [
+    "CritiqueBook",
     "EncodedRequest",
     "Ingestor",
     "Match",

@@ -95,7 +95,10 @@ class Qwen3Template:
                     out.add(self._nl, Provenance.TEMPLATE)
                 if isinstance(b, ToolResultBlock):
                     out.add(self.tok.encode("<tool_response>\n"), Provenance.TEMPLATE)
-                    out.add(self.tok.encode(b.content), Provenance.TOOL_RESULT)
+                    out.add(
+                        self.tok.encode(b.content),
+                        Provenance.CRITIQUE if b.critique else Provenance.TOOL_RESULT,
+                    )
                     out.add(self.tok.encode("\n</tool_response>"), Provenance.TEMPLATE)
                 elif isinstance(b, TextBlock):
                     out.add(self.tok.encode(b.text), Provenance.CRITIQUE if b.critique else Provenance.USER)

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from gyre_proxy.chat import ChatRequest, Message
 from gyre_proxy.harness.plugin import CallTraits, HarnessPlugin
 from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.critiques import CritiqueBook
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash
 from gyre_store.catalog import CallFinish, ModelCallRecorded, Provenance, TitoArrays
 from gyre_store.log import AppendResult, EventMetadata, NewEvent
@@ -36,15 +37,25 @@ class Prepared:
 class Ingestor:
     """Encodes requests incrementally and records their outputs, per execution."""
 
-    def __init__(self, recorder: TrajectoryRecorder, template: Qwen3Template, plugin: HarnessPlugin) -> None:
+    def __init__(
+        self,
+        recorder: TrajectoryRecorder,
+        template: Qwen3Template,
+        plugin: HarnessPlugin,
+        critiques: CritiqueBook | None = None,
+    ) -> None:
         self.recorder = recorder
         self.template = template
         self.plugin = plugin
+        self.critiques = critiques or CritiqueBook()
 
     def prepare(
         self, execution_id: str, run_id: str, request: ChatRequest, match: Match | None = None
     ) -> Prepared:
-        """Match (unless ``match`` is given) and encode ``request``; may read the log."""
+        """Match (unless ``match`` is given) and encode ``request``; may read the log.
+
+        A tool result that is a critique the execution asked for is encoded as one."""
+        request = self.critiques.mark(execution_id, request)
         ctx = self.recorder.context(execution_id)
         if match is None:
             match = match_request(ctx, request)
@@ -58,7 +69,7 @@ class Ingestor:
         None when the execution's context is not in memory (matching would read the log).
         """
         ctx = self.recorder.cached_context(execution_id)
-        return None if ctx is None else match_request(ctx, request)
+        return None if ctx is None else match_request(ctx, self.critiques.mark(execution_id, request))
 
     def input_ids(self, prepared: Prepared, prefix_tokens: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         """The full input for the engine: the stored prefix tokens, then the new ones."""

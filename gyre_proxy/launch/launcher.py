@@ -7,7 +7,9 @@ pointed at the proxy. It supervises every running harness against its task's wal
 budget; when one exits or overruns, it preserves the workspace (``artifact.preserved``, for
 the evaluators), revokes the key and records ``execution.finished`` with the real reason:
 ``completed`` (exit 0), ``failed`` (any other exit, or no start), ``harness_timeout`` (killed at
-its budget). Nothing here decides when executions start or how they are scored.
+its budget). Every workspace also gets ``.gyre/evaluate``, the command through which the
+execution may ask for an intermediate evaluation (evaluate_command.py). Nothing here decides
+when executions start or how they are scored.
 
 A restarted launcher rebuilds its state from the log: requests not yet started are started,
 and executions it had started are finished as failed (their harness processes are gone), so
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from gyre_proxy.exceptions import HarnessError
 from gyre_proxy.harness import HarnessPlugin, Launch, plugin_for
+from gyre_proxy.launch.evaluate_command import install as install_evaluate_command
 from gyre_proxy.launch.processes import HarnessProcess, Starter
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 from gyre_proxy.service import issue_key, revoke_key
@@ -229,7 +232,16 @@ class Launcher:
         )
         try:
             spec = self.plugin.launch_spec(launch)
-            env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ} | dict(spec.env)
+            install_evaluate_command(dirs.workspace)
+            env = (
+                {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+                | {
+                    "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
+                    "GYRE_EXECUTION_KEY": api_key,
+                    "GYRE_SNAPSHOTS": str(dirs.root / "snapshots"),
+                }
+                | dict(spec.env)
+            )
             process = self._starter.start(spec, cwd=dirs.workspace, env=env, log=dirs.harness_log)
         except (HarnessError, OSError) as exc:
             self._finish(

@@ -20,7 +20,8 @@ from gyre_proxy.answer import AnswerPipeline, Binding, Router
 from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.harness import plugin_for
-from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool
+from gyre_proxy.ingest import CritiqueBook, Ingestor, Qwen3Template, RecordSpool
+from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
 from gyre_store import EngineRegistered, ExecutionStarted, subscribe
 from gyre_store.log import EventLog, RecordedEvent, StreamId
@@ -56,13 +57,21 @@ class ProxyService:
         self.router = Router(self.clients, lookup=self._placement)
         recorder = TrajectoryRecorder(log)
         self.spool = RecordSpool(recorder)
-        self.ingestor = Ingestor(recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness))
+        self.critiques = CritiqueBook(log)
+        self.ingestor = Ingestor(
+            recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness), self.critiques
+        )
+        self.evaluations = LogEvaluations(log, self.critiques)
         self.pipeline = AnswerPipeline(
             self.ingestor, self.router, self.spool, context_limit=config.context_limit
         )
         self.keys = StoreKeys(log)
         self.app: Starlette = build_app(
-            self.pipeline, self.keys, model_name=config.model_name, on_shutdown=self._close_clients
+            self.pipeline,
+            self.keys,
+            model_name=config.model_name,
+            on_shutdown=self._close_clients,
+            evaluations=self.evaluations,
         )
         self.server = proxy_server(self.app, host=config.host, port=config.port)
 

@@ -77,6 +77,16 @@ class EvaluationRecorded(Event, frozen=True, kw_only=True):
     detail: str = ""
 
 
+@REGISTRY.register("evaluation.requested", stream="evaluation", key="execution_id")
+class EvaluationRequested(Event, frozen=True, kw_only=True):
+    """A running execution asked for an evaluation of its current work (an artifact it preserved);
+    the answer is the ``evaluation.recorded`` of that artifact, whose critique goes back to it."""
+
+    execution_id: Ident
+    run_id: Ident
+    artifact_version: Ident
+
+
 @REGISTRY.register("evaluation.failed", stream="evaluation", key="execution_id")
 class EvaluationFailed(Event, frozen=True, kw_only=True):
     """An evaluation attempt that produced no usable result; recorded, never a zero."""

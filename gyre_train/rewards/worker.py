@@ -13,6 +13,7 @@ execution and per group, and each settles executions in its own threads.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gyre_store import (
+    EvaluationRequested,
     EventLog,
     ExecutionDispatched,
     ExecutionFinished,
@@ -35,7 +37,7 @@ from gyre_store import (
     evaluation_projections,
 )
 from gyre_store.log import EventMetadata
-from gyre_train.exceptions import InvalidConfigError
+from gyre_train.exceptions import GyreTrainError, InvalidConfigError
 from gyre_train.rewards.evaluation import (
     EvaluationConfig,
     EvaluationOutcome,
@@ -45,7 +47,13 @@ from gyre_train.rewards.evaluation import (
 )
 from gyre_train.rewards.evaluators import CommandEvaluator
 
-FOLLOWED = ("task.defined", "execution.dispatched", "execution.start_requested", "execution.finished")
+FOLLOWED = (
+    "task.defined",
+    "execution.dispatched",
+    "execution.start_requested",
+    "execution.finished",
+    "evaluation.requested",
+)
 PYTHON = "{python}"  # placeholder in a task's test command for this interpreter
 
 
@@ -90,6 +98,7 @@ class EvaluatorWorker:
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="gyre-evaluate")
         self._inflight: dict[str, Future[EvaluationOutcome]] = {}
         self._announced: set[str] = set()
+        self._asked: list[Future[None]] = []  # intermediate evaluations executions asked for
         self._after = 0
         self.settled = 0
 
@@ -110,6 +119,9 @@ class EvaluatorWorker:
                 self._note(recorded)
             self._after = batch[-1].position
         self._after = max(self._after, head)
+        for asked in [f for f in self._asked if f.done()]:
+            self._asked.remove(asked)
+            asked.result()
         done = [e for e, f in self._inflight.items() if f.done()]
         for execution_id in done:
             self._inflight.pop(execution_id).result()  # re-raises what the runner could not record
@@ -149,6 +161,8 @@ class EvaluatorWorker:
             case ExecutionFinished(execution_id=execution_id):
                 if execution_id not in self._inflight:
                     self._inflight[execution_id] = self._pool.submit(self._settle, execution_id)
+            case EvaluationRequested(execution_id=execution_id, artifact_version=version):
+                self._asked.append(self._pool.submit(self._evaluate_asked, execution_id, version))
 
     # -- one execution -----------------------------------------------------------------------
 
@@ -160,6 +174,13 @@ class EvaluatorWorker:
             raise InvalidConfigError(f"execution {execution_id} has no task with a test command")
         command = [part.replace(PYTHON, sys.executable) for part in task.test_command]
         return CommandEvaluator(command, tests=task.tests, name=f"tests:{task.family or task.task_id}")
+
+    def _evaluate_asked(self, execution_id: str, version: str) -> None:
+        """An intermediate evaluation a running execution asked for: recorded, deciding nothing
+        (a failure is recorded too, and the execution's ask is answered with it)."""
+        runner = EvaluationRunner(self.log, _Deferred(self, execution_id), self.config.evaluation)
+        with contextlib.suppress(GyreTrainError):
+            runner.evaluate(execution_id, version)
 
     def _settle(self, execution_id: str) -> EvaluationOutcome:
         runner = EvaluationRunner(self.log, _Deferred(self, execution_id), self.config.evaluation)

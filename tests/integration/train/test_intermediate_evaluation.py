@@ -1,0 +1,149 @@
+"""An execution asks for an evaluation of its work mid-way, through the command in its workspace.
+
+The built-in agent (scripted) writes a wrong answer, runs ``.gyre/evaluate``, and reads the
+evaluator's critique as the command's output. The evaluation is bound to the artifact it saw,
+the critique comes back from the evaluator worker, and the next request that carries it is
+recorded with evaluator-critique provenance: ``gyre_critique_tokens_v`` shows those tokens, and
+admission never trains on them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+from gyre_proxy import ProxyConfig, ProxyService
+from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.harness import BuiltinHarness
+from gyre_proxy.launch import Launcher, LauncherConfig
+from gyre_store import (
+    EvaluationRecorded,
+    EvaluationRequested,
+    ExecutionDispatched,
+    ExecutionFinished,
+    ExecutionStartRequested,
+    NewEvent,
+    PostgresEventLog,
+    PostgresProjectionStore,
+    ProjectionSet,
+    StoreConfig,
+    StreamId,
+    TaskDefined,
+    TaskSplit,
+    catch_up,
+    evaluation_projections,
+)
+from gyre_store.catalog import Provenance
+from gyre_store.trees import TreeProjection, TreeView
+from gyre_train import EvaluatorWorker, WorkerConfig
+from gyre_train.tasks import CHECK_COMMAND, family, instances
+from gyre_train.trajectories import stored_execution
+
+RUN = "ask-run"
+
+
+def call(name: str, args: dict[str, str]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+SCRIPT = {
+    "rule": "match",
+    "outputs": [
+        {"when": "<tool_response>\nFAILED", "text": "Done."},
+        {"when": "\nOK\n</tool_response>", "text": call("Bash", {"command": "python3 .gyre/evaluate"})},
+        {"when": "", "text": call("Write", {"file_path": "answer.txt", "content": "apple wrong\n"})},
+    ],
+}
+
+
+def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
+    database_url: str, tmp_path: Path
+) -> None:
+    [instance] = [i for i in instances("copy-line", family("copy-line"), count=200, split=TaskSplit.TRAIN, seed=0)
+                  if i.key.startswith("apple ")][:1]  # fmt: skip
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    engine_config = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen"), max_context=8192, script=script
+    )
+    with (
+        ReferenceEngineServer(engine_config) as engine,
+        PostgresEventLog(StoreConfig(database_url)) as log,
+    ):
+        task = TaskDefined(
+            run_id=RUN, task_id="t0", split=TaskSplit.TRAIN, prompt=instance.prompt, files=instance.files,
+            tests=instance.tests, test_command=CHECK_COMMAND, budget_s=120.0, family="copy-line",
+        )  # fmt: skip
+        log.append(
+            [
+                NewEvent(task),
+                NewEvent(
+                    ExecutionDispatched(
+                        execution_id="ask-e0", run_id=RUN, group_id="ask-g0", policy_version=0
+                    )
+                ),
+                NewEvent(
+                    ExecutionStartRequested(execution_id="ask-e0", run_id=RUN, task_id="t0", engine="pool")
+                ),
+            ]
+        )
+        store = PostgresProjectionStore(
+            log.pool, ProjectionSet([TreeProjection(), *evaluation_projections()]).tables()
+        )
+        config = ProxyConfig(engines=[("e0", engine.base_url)], harness="builtin", context_limit=8192)
+        stop = threading.Event()
+        with ProxyService(log, config) as proxy:
+            launcher = Launcher(
+                log, LauncherConfig(run_id=RUN, proxy_url=proxy.base_url, root=tmp_path / "ws"),
+                plugin=BuiltinHarness(max_turns=5),
+            )  # fmt: skip
+            worker = EvaluatorWorker(log, store, WorkerConfig(run_id=RUN))
+            threads = [threading.Thread(target=t.run, args=(stop,)) for t in (launcher, worker)]
+            for thread in threads:
+                thread.start()
+            try:
+                deadline = time.monotonic() + 180
+                while not _finished(log) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(60)
+            proxy.spool.flush()
+
+        history = [r.event for r in log.read_stream(StreamId("evaluation", "ask-e0"))]
+        [asked] = [e for e in history if isinstance(e, EvaluationRequested)]
+        assert asked.artifact_version.startswith("wip-")
+        intermediate = next(
+            e
+            for e in history
+            if isinstance(e, EvaluationRecorded) and e.artifact_version == asked.artifact_version
+        )
+        assert intermediate.score == 2 / 3 and "second_word" in intermediate.critique  # bound to what it saw
+
+        catch_up(log, store, TreeProjection())
+        view = TreeView.load(store, "ask-e0")
+        nodes = list(view.nodes.values())
+        critique_tokens = sum(int((n.provenance == Provenance.CRITIQUE).sum()) for n in nodes)
+        assert critique_tokens > 0
+        assert not any(
+            n.trainable is not None and bool((n.trainable & (n.provenance == Provenance.CRITIQUE)).any())
+            for n in nodes
+        )
+        stored = stored_execution(view)
+        assert stored.excluded_critique == critique_tokens  # admission sees them as context only
+        with psycopg.connect(database_url) as conn:
+            (shown,) = conn.execute(
+                "SELECT coalesce(sum(critique_tokens), 0) FROM gyre_critique_tokens_v WHERE execution_id = 'ask-e0'"
+            ).fetchone()  # type: ignore[misc]
+        assert shown == critique_tokens
+
+
+def _finished(log: PostgresEventLog) -> bool:
+    return any(
+        isinstance(r.event, ExecutionFinished) for r in log.read_stream(StreamId("execution", "ask-e0"))
+    )
