@@ -49,6 +49,7 @@ from gyre_store.catalog import (
     Ident,
     LeafClass,
     MicroStepClaimed,
+    MicroStepComputed,
     ModelCallRecorded,
     NonNegative,
     Outcome,
@@ -73,6 +74,7 @@ from gyre_store.catalog import (
     outcome_key,
     validate,
 )
+from gyre_store.cell_time import CellTime, CellTimeReport, cell_time
 from gyre_store.config import RetryPolicy, StoreConfig
 from gyre_store.exceptions import (
     ConfigError,
@@ -165,6 +167,8 @@ __all__ = [
     "CellRole",
     "CellRoleChanged",
     "CellRolesProjection",
+    "CellTime",
+    "CellTimeReport",
     "CellTransitionDone",
     "ConfigError",
     "ContributionAccepted",
@@ -208,6 +212,7 @@ __all__ = [
     "Limits",
     "MalformedEvent",
     "MicroStepClaimed",
+    "MicroStepComputed",
     "ModelCallRecorded",
     "NewEvent",
     "NonNegative",
@@ -258,6 +263,7 @@ __all__ = [
     "Upcaster",
     "WeightsPublished",
     "catch_up",
+    "cell_time",
     "consumption_key",
     "contribution_key",
     "draw",

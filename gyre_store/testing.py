@@ -7,7 +7,7 @@ They follow the same contract as the PostgreSQL ones (the shared suite in
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -30,7 +30,14 @@ from gyre_store.projections import Key, Row, RowStore
 class InMemoryEventLog:
     """An :class:`~gyre_store.log.interface.EventLog` held in a Python list."""
 
-    def __init__(self, registry: EventRegistry = REGISTRY, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        registry: EventRegistry = REGISTRY,
+        limits: Limits | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        """``clock`` gives each append's ``recorded_at`` (default: now, in UTC)."""
+        self._clock = clock or (lambda: datetime.now(UTC))
         self._registry = registry
         self._limits = limits or Limits()
         self._events: list[RecordedEvent] = []
@@ -48,7 +55,7 @@ class InMemoryEventLog:
         with self._cond:
             versions = dict(self._versions)
             results = plan_append(encoded, len(self._events), versions, self._keys)
-            now = datetime.now(UTC)
+            now = self._clock()
             staged = [
                 RecordedEvent(
                     position=r.position,

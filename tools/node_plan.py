@@ -7,6 +7,7 @@ This machine's rollout engines (``--engines``) and, when it runs them, every tra
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from gyre_proxy.engines import free_port
@@ -67,6 +68,9 @@ def node_plan(
                 kind=config.train.optimizer, lr=config.train.lr, max_grad_norm=config.train.max_grad_norm
             )
             port = dist_port or free_port()
+            # Queue keys of this incarnation of the trainer alone: a resumed trainer (or a run id
+            # used again on one Redis) must never meet an earlier incarnation's claims.
+            incarnation = f"from{resume.step}-{uuid.uuid4().hex[:8]}"
             cells = tuple(
                 CellConfig(
                     run_id=run_id,
@@ -75,7 +79,7 @@ def node_plan(
                     redis_url=redis_url,
                     dist_init=f"tcp://127.0.0.1:{port}",
                     queue=QueueConfig(
-                        prefix=f"gyre:{run_id}:from{resume.step}", claim_timeout_s=30.0, poll_s=0.01
+                        prefix=f"gyre:{run_id}:{incarnation}", claim_timeout_s=30.0, poll_s=0.01
                     ),
                     model=spec,
                     optimizer=optimizer,

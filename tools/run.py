@@ -20,9 +20,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.live import Live
 from rich.table import Table
@@ -38,20 +39,20 @@ from gyre_store import (
     NewEvent,
     RunConfigured,
     RunStarted,
+    StoreUnavailable,
     StreamId,
     TaskDefined,
     TaskSplit,
     WeightsPublished,
+    cell_time,
     run_report,
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 from gyre_tools.run_config import DEMO, RunConfig, parse_config, read_config, to_toml
-from gyre_tools.run_outputs import write_outputs
+from gyre_tools.run_outputs import cell_time_summary, write_outputs
 from gyre_tools.warmstart import ensure_policy
 from gyre_train.tasks import task_suite
-
-PROCESS_NAMES = ("node", "proxy", "launcher", "evaluator", "controller")
 
 
 def register(subparsers: Any) -> None:
@@ -104,6 +105,7 @@ def run_command(args: argparse.Namespace) -> int:
             run.stop()
         report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)
         summary = write_outputs(report, run.config, Path(run.config.run_dir), metrics=args.metrics)
+        summary["cell_time"] = cell_time_summary(cell_time(opened.log, run.run_id))
         summary["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
@@ -126,6 +128,8 @@ class LiveRun:
     env: dict[str, str] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     max_restarts: int = 5
+    _restarted: dict[str, list[float]] = field(default_factory=dict)
+    _due: dict[str, float] = field(default_factory=dict)
 
     # -- the run and its configuration -----------------------------------------------------------
 
@@ -180,7 +184,7 @@ class LiveRun:
         gyre = [sys.executable, "-m", "gyre_tools.cli"]
         run = ["--run", self.run_id]
         commands = {
-            "node": [*gyre, "node", "serve", *run],
+            **self._nodes(gyre, run),
             "proxy": [*gyre, "proxy", "serve", *run, "--port", str(port), "--harness", self.config.harness,
                       "--context-limit", str(self.config.model.max_context)],
             "launcher": [*gyre, "launcher", "serve", *run, "--proxy-url", self.proxy_url],
@@ -188,9 +192,30 @@ class LiveRun:
             "controller": [*gyre, "controller", "serve", *run],
         }  # fmt: skip
         self.commands, self.env = commands, env
-        for name in PROCESS_NAMES:
+        for name in commands:
             self._spawn(name)
         self._wait_for_engines(timeout_s=180.0)
+
+    def _nodes(self, gyre: list[str], run: list[str]) -> dict[str, list[str]]:
+        """One node agent per configured node: the engines spread over them, the trainer cells on
+        the first (on a cluster, each machine runs its own `gyre node serve` the same way)."""
+        n, engines = self.config.nodes, self.config.rollout_engines
+        share = [engines // n + (i < engines % n) for i in range(n)]
+        return {
+            ("node" if i == 0 else f"node-{i}"): [
+                *gyre,
+                "node",
+                "serve",
+                *run,
+                "--engines",
+                str(share[i]),
+                "--engine-offset",
+                str(sum(share[:i])),
+                "--trainers",
+                "all" if i == 0 else "none",
+            ]
+            for i in range(n)
+        }
 
     def _spawn(self, name: str) -> None:
         out = (Path(self.config.run_dir) / "logs" / f"{name}.log").open("ab")
@@ -204,15 +229,25 @@ class LiveRun:
 
     def _check_children(self) -> None:
         """Start again a process that died: each recovers its state from the log (the trainer
-        from the last publication), so the run goes on; give up after ``max_restarts``."""
+        from the last publication), so the run goes on. A restart waits 2^n seconds (n: the
+        restarts of the last minute, so a database outage is waited out rather than burned
+        through); more than ``max_restarts`` within a minute ends the run."""
+        now = time.monotonic()
         for name, child in list(self.children.items()):
             code = child.poll()
             if code is None:
                 continue
+            recent = [t for t in self._restarted.get(name, []) if now - t < 60.0]
             log = f"{self.config.run_dir}/logs/{name}.log"
-            if self.restarts.get(name, 0) >= self.max_restarts:
-                self.failed = f"the {name} process exited {code} {self.max_restarts + 1} times (see {log})"
+            if len(recent) >= self.max_restarts:
+                self.failed = (
+                    f"the {name} process exited {code}, {len(recent) + 1} times in a minute (see {log})"
+                )
                 raise RunFailed(self.failed)
+            if now < self._due.setdefault(name, now + 2.0 ** len(recent)):
+                continue
+            del self._due[name]
+            self._restarted[name] = [*recent, now]
             self.restarts[name] = self.restarts.get(name, 0) + 1
             console.print(f"[yellow]the {name} process exited {code}; starting it again (see {log})[/yellow]")
             self._spawn(name)
@@ -263,11 +298,11 @@ class LiveRun:
                 [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]
             )
         with Live(self._view(), console=console, refresh_per_second=2, transient=not live_view) as live:
-            while self._published() < c.steps:
+            while _patient(self._published) < c.steps:
                 self._check_children()
                 time.sleep(0.5)
                 if live_view:
-                    live.update(self._view())
+                    live.update(_patient(self._view))
         if c.eval.heldout:
             self._held_out("heldout-after")
 
@@ -319,7 +354,9 @@ class LiveRun:
         with console.status(f"held-out evaluation {name}: {len(tasks)} tasks") as status:
             while True:
                 self._check_children()
-                report = run_report(self.log, self.run_id, phi=self.config.phi, mu=self.config.mu)
+                report = _patient(
+                    lambda: run_report(self.log, self.run_id, phi=self.config.phi, mu=self.config.mu)
+                )
                 done = next((h for h in report.held_out if h.name == name), None)
                 scored = done.executions if done else 0
                 status.update(f"held-out evaluation {name}: {scored}/{len(tasks)} scored")
@@ -360,6 +397,21 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+T = TypeVar("T")
+
+
+def _patient(read: Callable[[], T], patience_s: float = 120.0) -> T:
+    """``read()`` of the log, waiting out a database that is down for a while."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return read()
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 class RunFailed(RuntimeError):

@@ -33,6 +33,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     jmax: Pos = 5
     micro_step_tokens: Pos = 4096
     scale_advantages: bool = True
+    skip_zero_advantage: bool = True
 
 
 class TaskConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +59,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     cells: Pos = 1
     rollout_engines: Pos = 2
     engine_capacity: Pos = 8
+    nodes: Pos = 1
     harness: str = "builtin"
     run_dir: str = ""  # resolved when the run starts: its policies, workspaces and outputs
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
@@ -99,6 +101,10 @@ def parse_config(text: str, *, where: str = "the config") -> RunConfig:
         config = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
         raise ConfigFileError(f"{where}: {exc}") from exc
+    if config.nodes > config.rollout_engines:
+        raise ConfigFileError(
+            f"{where}: nodes ({config.nodes}) cannot exceed rollout_engines ({config.rollout_engines})"
+        )
     if config.steps % config.mu:
         raise ConfigFileError(
             f"{where}: steps ({config.steps}) must be a whole number of bursts of mu ({config.mu})"
@@ -126,6 +132,7 @@ N = {c.N}                      # executions per group (advantages are group-rela
 cells = {c.cells}              # K trainer cells (cell 0 is the core; the rest are satellites)
 rollout_engines = {c.rollout_engines}    # reference engines in the rollout pool
 engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s = engines x capacity)
+nodes = {c.nodes}                # node agents gyre run starts here (engines spread over them; trainers on the first)
 harness = "{c.harness}"        # builtin (the built-in agent) or claude-code
 run_dir = "{c.run_dir}"           # empty: <data dir>/runs/<run id>; every machine must reach it
 
@@ -142,6 +149,7 @@ max_grad_norm = {t.max_grad_norm}   # global gradient-norm clip (0: none)
 jmax = {t.jmax}                 # J_max: trajectories admitted per execution
 micro_step_tokens = {t.micro_step_tokens}   # token budget of one packed micro-step
 scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative advantages by the group's std
+skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
 
 [tasks]
 family = "{k.family}"  # the built-in task family (see `gyre tasks list`)

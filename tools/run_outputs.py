@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gyre_store import RunReport
+from gyre_store import CellTimeReport, RunReport
 from gyre_tools.run_config import RunConfig
 
 
@@ -69,6 +69,19 @@ def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
     }
     summary["verdict"] = _verdict(summary)
     return summary
+
+
+def cell_time_summary(cells: CellTimeReport) -> dict[str, Any]:
+    """Where the cells' time went (``gyre_store.cell_time``): the pooled useful fractions and
+    each cell's seconds by part."""
+    return {
+        "trainer_useful_fraction": cells.trainer_fraction,
+        "engine_generating_fraction": cells.engine_fraction,
+        "cells": [
+            {"name": c.name, "span_s": round(c.span_s, 2), **{k: round(v, 2) for k, v in c.parts.items()}}
+            for c in cells.trainers + cells.engines
+        ],
+    }
 
 
 def _verdict(summary: dict[str, Any]) -> str:

@@ -8,10 +8,15 @@ starts processes starts them with the same database and Redis URLs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gyre_proxy.launch import Launcher, LauncherConfig
 from gyre_sched import Controller, LiveSink, TaskDeck
@@ -20,6 +25,7 @@ from gyre_store import (
     PostgresEventLog,
     PostgresProjectionStore,
     RunConfigured,
+    StoreUnavailable,
     StreamId,
     TaskDefined,
     TaskSplit,
@@ -36,6 +42,9 @@ from gyre_train import (
     PackingConfig,
     WorkerConfig,
 )
+
+if TYPE_CHECKING:
+    from gyre_train.cells import NodeAgent, NodePlan
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -172,32 +181,117 @@ def run_node(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False, with_redis=True) as opened:
         assert isinstance(opened.log, PostgresEventLog)
         config = recorded_config(opened.log, args.run)
-        plan = node_plan(
-            opened.log,
-            config,
-            run_id=args.run,
-            database_url=opened.services.database_url,
-            redis_url=opened.services.redis_url,
-            engines=args.engines,
-            engine_offset=args.engine_offset,
-            trainers=args.trainers,
-            dist_port=args.dist_port,
-        )
+
+        def plan(engines: str, trainers: str) -> NodePlan:
+            return node_plan(
+                opened.log,
+                config,
+                run_id=args.run,
+                database_url=opened.services.database_url,
+                redis_url=opened.services.redis_url,
+                engines=engines,
+                engine_offset=args.engine_offset,
+                trainers=trainers,
+                dist_port=args.dist_port,
+            )
+
         stop = _until_signal()
-        with NodeAgent(plan) as agent:
-            console.print(f"node of run {args.run} (pid {os.getpid()}): {agent.pids()}")
-            while not stop.is_set():
-                agent.step()
-                if agent.failed:
-                    console.print(f"[red]trainer cells failed: {', '.join(agent.failed)}[/red]")
-                    return 3
-                stop.wait(0.2)
+        pid_file = Path(config.run_dir) / "logs" / f"node-{args.engine_offset}-pids.json"
+        # Engines and trainer cells are supervised apart: a trainer world that must start again
+        # (its core died) never takes the engines, and their executions, down with it.
+        with NodeAgent(plan(args.engines, "none")) as engines:
+            trainers = Trainers(lambda: NodeAgent(plan("none", args.trainers)))
+            try:
+                console.print(
+                    f"node of run {args.run} (pid {os.getpid()}): {engines.pids() | trainers.pids()}"
+                )
+                written: dict[str, int | None] = {}
+                while not stop.is_set():
+                    engines.step()
+                    note = trainers.step()
+                    if note:
+                        console.print(note)
+                    pids = engines.pids() | trainers.pids()
+                    if pids != written:  # for operators (and fault tests): which process is which
+                        written = pids
+                        pid_file.parent.mkdir(parents=True, exist_ok=True)
+                        pid_file.write_text(json.dumps(written))
+                    if trainers.gave_up:
+                        console.print(f"[red]trainer cells keep failing: {trainers.gave_up}[/red]")
+                        return 3
+                    stop.wait(0.2)
+            finally:
+                trainers.close()
     return 0
+
+
+@dataclass
+class Trainers:
+    """This node's trainer cells, started again as a whole when the core dies (the world of a
+    torch.distributed group takes no restarted member). A satellite that dies is left dead:
+    the core takes its claims over and trains on without it. The new world resumes after
+    the run's last publication (``resume_point``). More than ``MAX_RESTARTS`` within a minute
+    gives up."""
+
+    make: Callable[[], NodeAgent]
+    agent: NodeAgent | None = None
+    restarts: list[float] = field(default_factory=list)
+    down_since: float | None = None
+    noted: set[str] = field(default_factory=set)
+    gave_up: str = ""
+
+    MAX_RESTARTS = 5
+
+    def __post_init__(self) -> None:
+        self.agent = self.make().__enter__()
+
+    def pids(self) -> dict[str, int | None]:
+        return self.agent.pids() if self.agent is not None else {}
+
+    def step(self) -> str:
+        """Note dead cells; start the world again (after a pause) once its core died."""
+        agent, note = self.agent, ""
+        if agent is not None:
+            agent.step()
+            new = [f for f in agent.failed if f not in self.noted]
+            self.noted.update(new)
+            if new:
+                note = f"trainer cells died: {', '.join(new)}"
+            core_failed = any(f.startswith("cell-0 ") for f in agent.failed)  # cell 0 is the core
+            if not core_failed:
+                return note
+            agent.__exit__(None, None, None)
+            self.agent, self.down_since = None, time.monotonic()
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 60.0]
+        if len(self.restarts) >= self.MAX_RESTARTS:
+            self.gave_up = f"{len(self.restarts)} restarts within a minute"
+            return note
+        assert self.down_since is not None
+        if now - self.down_since < 2.0 ** len(self.restarts):
+            return note
+        self.restarts.append(now)
+        self.noted.clear()
+        try:
+            self.agent = self.make().__enter__()  # reads the resume point from the log
+        except StoreUnavailable as exc:
+            self.down_since = now  # the next try after the next pause
+            return f"trainer cells not started again yet: {exc}"
+        started = "trainer cells started again, resuming after the last publication"
+        return f"{note}; {started}" if note else started
+
+    def close(self) -> None:
+        if self.agent is not None:
+            self.agent.__exit__(None, None, None)
+            self.agent = None
 
 
 def packing(config: RunConfig) -> PackingConfig:
     return PackingConfig(
-        token_budget=config.train.micro_step_tokens, groups_per_batch=config.B, executions_per_group=config.N
+        token_budget=config.train.micro_step_tokens,
+        groups_per_batch=config.B,
+        executions_per_group=config.N,
+        skip_zero_advantage=config.train.skip_zero_advantage,
     )
 
 

@@ -8,12 +8,15 @@ while the proxy serves (a live run's engines register in the log) and leave roll
 scheduler says so (``engine.routing_changed``): new requests avoid them and executions bound
 to them move, preferring the engine with the fewest executions, so one execution is not
 moved again and again. In-flight requests on a stopped engine are cancelled and retried by
-the answer pipeline, not here.
+the answer pipeline, not here. An engine that failed a request (its process died, say) is
+passed over for ``FAILED_PAUSE_S`` by every execution while another engine accepts, so the
+retries go elsewhere instead of back to it; registering again (a restarted engine) clears that.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,6 +49,8 @@ class Binding:
         return cls(run_id.split("~", 1)[0], slot)
 
 
+FAILED_PAUSE_S = 10.0  # how long an engine that failed a request is passed over
+
 Lookup = Callable[[str], Binding | None]
 """Finds an execution's binding that the proxy has not seen yet (reads the log)."""
 
@@ -53,9 +58,17 @@ Lookup = Callable[[str], Binding | None]
 class Router:
     """A routing table of named engines; thread-safe."""
 
-    def __init__(self, engines: Iterable[tuple[str, Engine]] = (), *, lookup: Lookup | None = None) -> None:
+    def __init__(
+        self,
+        engines: Iterable[tuple[str, Engine]] = (),
+        *,
+        lookup: Lookup | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._engines = {name: RoutedEngine(name, engine) for name, engine in engines}
         self._sticky: dict[str, str] = {}
+        self._failed_until: dict[str, float] = {}  # engine -> when it may be chosen again
+        self._clock = clock
         self._bindings: dict[str, Binding | None] = {}
         self._lookup = lookup
         self._lock = threading.Lock()
@@ -68,6 +81,7 @@ class Router:
         """Serve ``name`` from now on (replacing an engine of that name, e.g. a restarted one)."""
         with self._lock:
             self._engines[name] = RoutedEngine(name, engine, True, run_id, slot)
+            self._failed_until.pop(name, None)
 
     def bind(self, execution_id: str, binding: Binding) -> None:
         """Record where the scheduler placed ``execution_id``; its next request goes there."""
@@ -117,7 +131,9 @@ class Router:
         if not accepting:
             where = f" for run {binding.run_id!r}" if binding is not None else ""
             raise EngineUnavailable(f"no engine is accepting requests{where}")
-        return min(accepting, key=lambda e: (load[e.name], e.name))
+        now = self._clock()
+        healthy = [e for e in accepting if self._failed_until.get(e.name, now) <= now]
+        return min(healthy or accepting, key=lambda e: (load[e.name], e.name))
 
     def set_accepting(self, name: str, accepting: bool) -> None:
         with self._lock:
@@ -130,6 +146,7 @@ class Router:
         Never raises: with no other engine the next ``engine_for`` may pick the same one.
         """
         with self._lock:
+            self._failed_until[name] = self._clock() + FAILED_PAUSE_S
             if self._sticky.get(execution_id) == name:
                 del self._sticky[execution_id]
                 self.moves += 1

@@ -23,11 +23,12 @@ from gyre_proxy.harness import plugin_for
 from gyre_proxy.ingest import CritiqueBook, Ingestor, Qwen3Template, RecordSpool
 from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
-from gyre_store import EngineRegistered, ExecutionStarted, subscribe
+from gyre_store import EngineRegistered, ExecutionStarted, StoreUnavailable, subscribe
 from gyre_store.log import EventLog, RecordedEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
 
 FOLLOWED = ("engine.registered", "engine.routing_changed", "execution.started")
+FOLLOW_RETRY_S = 1.0  # between reads while PostgreSQL is unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +107,20 @@ class ProxyService:
         """Apply followed events from position ``after`` until ``stop`` is set (a thread's loop).
 
         Every record the proxy writes wakes the reader; followed events are rare, so it reads
-        at most every 100 ms instead of once per append."""
-        for batch in subscribe(self.log, after, types=FOLLOWED, poll_s=1.0, min_interval_s=0.1):
-            for recorded in batch:
-                self.apply(recorded)
-            if stop.is_set():
-                return
+        at most every 100 ms instead of once per append. While PostgreSQL is unavailable it
+        waits and reads on from the last event it applied: an outage must not leave the proxy
+        routing to engines that have since moved."""
+        position = after
+        while not stop.is_set():
+            try:
+                for batch in subscribe(self.log, position, types=FOLLOWED, poll_s=1.0, min_interval_s=0.1):
+                    for recorded in batch:
+                        self.apply(recorded)
+                        position = recorded.position
+                    if stop.is_set():
+                        return
+            except StoreUnavailable:
+                stop.wait(FOLLOW_RETRY_S)
 
     @property
     def base_url(self) -> str:

@@ -21,6 +21,7 @@ from gyre_sched.sim.fit import (
     profile_draws,
     with_costs,
 )
+from gyre_sched.sim.measured import MeasuredCosts, measured_cluster, predict_run
 from gyre_sched.sim.paper import PAPER_ABLATION, PAPER_SPEEDUP, PAPER_SPEEDUP_NOT_SIMULATED
 from gyre_sched.sim.plots import role_timeline, steps_and_speedup, waterlevel
 from gyre_sched.sim.presets import (
@@ -80,6 +81,7 @@ __all__ = [
     "EventQueue",
     "FigureFit",
     "GroupSample",
+    "MeasuredCosts",
     "MicrostepDone",
     "Preset",
     "ProfileFit",
@@ -99,8 +101,10 @@ __all__ = [
     "fit_profile",
     "get_preset",
     "load_workload",
+    "measured_cluster",
     "parse_workload",
     "planned_runs",
+    "predict_run",
     "profile",
     "profile_draws",
     "role_timeline",

@@ -1,4 +1,5 @@
-"""Events of streaming training: joins, micro-step claims, accepted contributions, updates.
+"""Events of streaming training: joins, micro-step claims and computations, accepted contributions,
+updates.
 
 A contribution is recorded by the core when a micro-step's gradient is in the reduced batch
 gradient, under the idempotency key of (run, batch, micro-step): the log holds at most one per
@@ -42,6 +43,23 @@ class MicroStepClaimed(Event, frozen=True, kw_only=True):
     phase: Phase  # 1: pass-1 share, 2: gradient
     cell: NonNegative
     deliveries: Positive  # above 1 after a takeover of a dead cell's claim
+
+
+@REGISTRY.register("train.computed", stream=TRAIN_STREAM, key=("run_id", "batch"))
+class MicroStepComputed(Event, frozen=True, kw_only=True):
+    """A cell finished computing a claimed task: pass 1's forward or pass 2's forward-backward.
+
+    ``seconds`` is the cell's wall time inside the model for it (loading the micro-step and
+    queue traffic excluded); the run's useful-work figures sum it per cell.
+    """
+
+    run_id: Ident
+    batch: NonNegative
+    micro_step: NonNegative
+    phase: Phase
+    cell: NonNegative
+    seconds: Annotated[float, msgspec.Meta(ge=0)]
+    tokens: NonNegative
 
 
 @REGISTRY.register("train.contribution", stream=TRAIN_STREAM, key=("run_id", "batch"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from gyre_store import EventLog, NewEvent
-from gyre_store.catalog import CellRole, CellRoleChanged, MicroStepClaimed
+from gyre_store.catalog import CellRole, CellRoleChanged, MicroStepClaimed, MicroStepComputed
 from gyre_store.log import Event, EventMetadata
 from gyre_train.backends import OptimizerConfig
 from gyre_train.cells.board import BatchBoard
@@ -199,7 +199,10 @@ class Cell:
         if task.phase is Phase.RATIOS:
             # Pass-1 shares are keyed by micro-step, first write wins: a redelivered task that
             # computes it again changes nothing, so the claim is acknowledged at once.
-            queue.put_ratio(self.replica.ratio(step))
+            began = time.perf_counter()
+            share = self.replica.ratio(step)
+            self._computed(queue.batch, task, step, time.perf_counter() - began)
+            queue.put_ratio(share)
             queue.ack([task.message_id])
             return 0.0
         if c.step_delay_s:
@@ -209,9 +212,25 @@ class Cell:
         if task.message_id not in queue.renew(c.cell, [task.message_id]):
             return 0.0
         assert clip is not None  # gradient tasks exist only after the clip was stored
+        began = time.perf_counter()
         loss = self.replica.gradient(step, clip)
+        self._computed(queue.batch, task, step, time.perf_counter() - began)
         held[task.message_id] = task.index
         return loss
+
+    def _computed(self, batch: int, task: Task, step: MicroStep, seconds: float) -> None:
+        c = self.config
+        self.record(
+            MicroStepComputed(
+                run_id=c.run_id,
+                batch=batch,
+                micro_step=task.index,
+                phase=int(task.phase),
+                cell=c.cell,
+                seconds=seconds,
+                tokens=len(step),
+            )
+        )
 
     def wait_for(self, what: str, probe: Callable[[], T | None]) -> T:
         deadline = time.monotonic() + self.config.wait_timeout_s

@@ -4,9 +4,10 @@ A node runs some rollout engines (each a process: ``rollout.rollout_process``) a
 trainer cells (processes of ``processes.run_live_cell``). An engine that dies is started
 again, after a pause that doubles up to a ceiling; it registers again with its new URL and
 loads the newest policy itself. Trainer cells share one torch.distributed world that cannot
-take a restarted member, so a trainer that dies is not restarted: a satellite's death leaves
-the core to take over its work (streaming training's take-over), the core's ends the node's
-training, and ``failed`` says which. Whatever a cluster uses to start processes starts one
+take a restarted member, so a trainer that dies is not restarted here: a satellite's death
+leaves the core to take over its work (streaming training's take-over), the core's ends this
+agent's training, and ``failed`` says which (``gyre node serve`` then starts a new trainer
+world in an agent of its own, beside the engines' agent). Whatever a cluster uses to start processes starts one
 node agent per machine; the agents find each other through the log and Redis only.
 """
 

@@ -19,6 +19,8 @@ import pytest
 
 from tests.acceptance.conftest import gyre
 
+pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
+
 CONFIG = """
 seed = 3
 steps = 2
@@ -30,6 +32,7 @@ N = 2
 cells = 1
 rollout_engines = 2
 engine_capacity = 4
+nodes = 2  # two node agents on this machine, one engine each, as two machines would run them
 harness = "builtin"
 [model]
 init = "random"
@@ -98,6 +101,14 @@ def test_the_run_json_has_every_documented_figure(live_run: Run) -> None:
     for plot in s["plots"].values():
         assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(Path(s["tensorboard"]).glob("events.out.tfevents.*"))
+    # Where the cells' time went: one trainer cell and two engines, each split in full.
+    cells = s["cell_time"]
+    assert 0.0 < cells["trainer_useful_fraction"] < 1.0
+    assert 0.0 < cells["engine_generating_fraction"] < 1.0
+    assert [c["name"].split()[0] for c in cells["cells"]] == ["trainer", "engine", "engine"]
+    for c in cells["cells"]:
+        parts = sum(v for k, v in c.items() if k not in ("name", "span_s"))
+        assert parts == pytest.approx(c["span_s"], abs=0.05)
 
 
 def test_every_fact_is_written_by_the_component_that_knows_it(live_run: Run) -> None:
@@ -108,9 +119,13 @@ def test_every_fact_is_written_by_the_component_that_knows_it(live_run: Run) -> 
     # (evaluator worker), batches and publications (trainer), engines (engine processes).
     for kind in ("group.dispatched", "execution.start_requested", "execution.started", "execution.finished",
                  "model_call.recorded", "evaluation.recorded", "reward.assigned", "group.ready",
-                 "batch.started", "batch.group_claimed", "batch.closed", "policy.published", "engine.registered"):  # fmt: skip
+                 "batch.started", "batch.group_claimed", "batch.closed", "policy.published", "engine.registered",
+                 "train.computed"):  # fmt: skip
         assert kinds[kind] > 0, kind
     assert kinds["policy.published"] == 2
+    # Both node agents served: each registered its engine.
+    engines = {b["engine"] for _, t, b in events if t == "engine.registered"}
+    assert engines == {f"{run_id}:pool-0", f"{run_id}:pool-1"}
     finished = [b for _, t, b in events if t == "execution.finished" and b["run_id"] == run_id]
     started = {b["execution_id"] for _, t, b in events if t == "execution.started" and b["run_id"] == run_id}
     assert {b["execution_id"] for b in finished} <= started  # nothing finishes that did not start

@@ -82,6 +82,8 @@ def check_logprobs(subject: BackendUnderTest, workdir: Path) -> Results:
         "requires_grad": None if with_grad is None else [t.requires_grad for t in with_grad],
         "lengths": [len(s) for s in steps],
         "row_starts": [s.row_starts[:-1].tolist() for s in steps],
+        # The loss reads logprobs at these positions only; a backend may leave the others at 0.
+        "targets": [torch.from_numpy(s.target_mask & (s.position_ids > 0)) for s in steps],
     }
 
 

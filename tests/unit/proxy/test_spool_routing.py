@@ -65,3 +65,18 @@ def test_a_failed_engine_never_leaves_an_execution_without_a_choice() -> None:
     first = two.engine_for("ex").name
     two.set_accepting(first, False)
     assert two.engine_for("ex").name != first
+
+
+def test_an_engine_that_failed_is_passed_over_by_every_execution_until_it_registers_again() -> None:
+    now = [0.0]
+    router = Router([("a", FakeEngine()), ("b", FakeEngine())], clock=lambda: now[0])  # type: ignore[list-item]
+    assert [router.engine_for(e).name for e in ("x", "y")] == ["a", "b"]
+    router.mark_failed("a", "x")  # a died under x's request
+    # x's retry, and a new execution that would balance onto a, both go to b
+    assert router.engine_for("x").name == "b"
+    assert router.engine_for("z").name == "b"
+    now[0] = 11.0  # after the pause, a is chosen again by load
+    assert router.engine_for("w").name == "a"
+    router.mark_failed("a", "w")
+    router.add("a", FakeEngine())  # type: ignore[arg-type]  # restarted and registered: chosen at once
+    assert router.engine_for("w").name == "a"

@@ -17,6 +17,7 @@ from gyre_store.catalog import (
     CellRoleChanged,
     ContributionAccepted,
     MicroStepClaimed,
+    MicroStepComputed,
     TrainingUpdate,
     WeightsPublished,
 )
@@ -71,6 +72,11 @@ def test_a_core_alone_trains_every_micro_step_once() -> None:
     [update] = _updates(run)
     assert (update.cells, update.dropped, update.failed_reductions, update.final) == ([0], [], 0, True)
     assert run.claims.board.updated(0) == 1 and run.replicas[0].published == [1]
+    # Each pass of each micro-step is timed once, by the cell that computed it.
+    computed = Counter((e.micro_step, e.phase) for e in run.events(MicroStepComputed))
+    steps = len(batches[0][0])
+    assert computed == Counter({(m, p): 1 for m in range(steps) for p in (1, 2)})
+    assert all(e.seconds >= 0 and e.tokens > 0 and e.cell == 0 for e in run.events(MicroStepComputed))
 
 
 def test_satellites_join_in_flight_read_the_batchs_weights_and_share_it_exactly_once() -> None:

@@ -1,0 +1,103 @@
+"""The simulator fed a live run's own measurements, to compare its prediction with the run.
+
+``measured_cluster`` turns a run's log into the simulator's time costs: the training work per
+group is the run's forward and forward-backward seconds (``train.computed``) over the groups
+it consumed, in micro-steps as the run packed them; the update is the mean time from a batch's
+last computation to its ``train.update``; publication is the mean time from a final update to
+``policy.published``. Non-final updates are broadcast inside the update time of a live run, and
+a pipeline warm-up is part of each micro-step there, so both are zero. One node per cell.
+With ``workload_from_run`` (the run's execution durations by group) and the run's
+``SchedConfig``, ``predict_run`` simulates the same configuration for the same number of steps.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gyre_sched.config import SchedConfig
+from gyre_sched.exceptions import WorkloadError
+from gyre_sched.sim.cluster import ClusterConfig
+from gyre_sched.sim.results import SimResult
+from gyre_sched.sim.simulator import simulate
+from gyre_sched.sim.workload_store import workload_from_run
+from gyre_store import catalog
+from gyre_store.log import EventLog
+
+__all__ = ["MeasuredCosts", "measured_cluster", "predict_run"]
+
+_TYPES = ("train.computed", "train.update", "policy.published", "group.consumed")
+
+
+class MeasuredCosts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run's log says its training cost, and the cluster config made of it."""
+
+    cluster: ClusterConfig
+    steps: int
+    groups: int
+    micro_steps: int
+    compute_s: float
+
+
+def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
+    """A ClusterConfig of the run's measured training costs.
+
+    Raises WorkloadError when the run has no consumed group or no update recorded.
+    """
+    compute_s = 0.0
+    last_computed: dict[int, float] = {}
+    updates: list[tuple[float, catalog.TrainingUpdate]] = []
+    published: list[float] = []
+    groups = 0
+    for recorded in log.read(0, types=_TYPES, limit=10_000_000):
+        ev = recorded.event
+        if getattr(ev, "run_id", None) != run_id:
+            continue
+        at = recorded.recorded_at.timestamp()
+        match ev:
+            case catalog.MicroStepComputed(batch=batch, seconds=seconds):
+                compute_s += seconds
+                last_computed[batch] = max(last_computed.get(batch, at), at)
+            case catalog.TrainingUpdate():
+                updates.append((at, ev))
+            case catalog.WeightsPublished():
+                published.append(at)
+            case catalog.GroupConsumed():
+                groups += 1
+            case _:
+                pass
+    if not updates or groups == 0:
+        raise WorkloadError(f"run {run_id!r} has no update or no consumed group to measure")
+    update_s = [at - last_computed[u.batch] for at, u in updates if u.batch in last_computed]
+    publish_s: list[float] = []
+    for at, update in updates:
+        after = [p for p in published if p >= at]
+        if update.final and after:
+            publish_s.append(min(after) - at)
+    micro_steps = sum(u.micro_steps for _, u in updates)
+    cluster = ClusterConfig(
+        cell_nodes=1,
+        train_node_hours_per_group=max(compute_s, 1e-6) / groups / 3600.0,
+        microsteps_per_group=max(1, round(micro_steps / groups)),
+        update_s=sum(update_s) / len(update_s) if update_s else 0.0,
+        broadcast_s=0.0,
+        publish_s=sum(publish_s) / len(publish_s) if publish_s else 0.0,
+        pipeline_s=0.0,
+    ).validate()
+    return MeasuredCosts(
+        cluster=cluster,
+        steps=len(updates),
+        groups=groups,
+        micro_steps=micro_steps,
+        compute_s=compute_s,
+    )
+
+
+def predict_run(
+    log: EventLog, run_id: str, sched: SchedConfig, *, seed: int = 0
+) -> tuple[MeasuredCosts, SimResult]:
+    """The simulator's prediction for run ``run_id`` under ``sched`` (the run's own
+    ``SchedConfig``): its measured costs, its executions' durations, the same number of steps."""
+    costs = measured_cluster(log, run_id)
+    workload = workload_from_run(log, run_id)
+    result = simulate(sched, costs.cluster, workload, steps=costs.steps, seed=seed, name=run_id).result
+    return costs, result
