@@ -104,6 +104,7 @@ from gyre_store.log import (
     StreamId,
     Upcaster,
     iterate,
+    read_to_head,
     subscribe,
 )
 from gyre_store.projections import (
@@ -275,6 +276,7 @@ __all__ = [
     "new_record",
     "outcome_key",
     "outline",
+    "read_to_head",
     "rebuild",
     "run_report",
     "subscribe",

@@ -44,7 +44,7 @@ from gyre_store import (
     FinishReason,
     TaskDefined,
 )
-from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent
+from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, read_to_head
 
 FOLLOWED = ("task.defined", "execution.start_requested", "execution.started", "execution.finished")
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")  # the launcher's own secrets stay here
@@ -131,15 +131,9 @@ class Launcher:
             )
 
     def _read_new(self) -> None:
-        head = self.log.head()
-        while self._after < head:
-            batch = self.log.read(self._after, until=head, types=FOLLOWED)
-            if not batch:
-                break
-            for recorded in batch:
-                self._note(recorded)
-            self._after = batch[-1].position
-        self._after = max(self._after, head)
+        events, self._after = read_to_head(self.log, self._after, types=FOLLOWED)
+        for recorded in events:
+            self._note(recorded)
 
     def _note(self, recorded: RecordedEvent) -> None:
         event = recorded.event

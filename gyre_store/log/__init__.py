@@ -21,7 +21,7 @@ from gyre_store.log.events import (
     StreamId,
     Upcaster,
 )
-from gyre_store.log.interface import EventLog, iterate, subscribe
+from gyre_store.log.interface import EventLog, iterate, read_to_head, subscribe
 from gyre_store.log.payload import Payload
 from gyre_store.log.postgres import PostgresEventLog
 
@@ -42,5 +42,6 @@ __all__ = [
     "StreamId",
     "Upcaster",
     "iterate",
+    "read_to_head",
     "subscribe",
 ]

@@ -72,6 +72,24 @@ def iterate(
         after = events[-1].position
 
 
+def read_to_head(
+    log: EventLog, after: int, *, types: Collection[str] | None = None
+) -> tuple[list[RecordedEvent], int]:
+    """Every event of ``types`` after position ``after`` up to the log's head as of now, and
+    that head: the position a follower that handled them passes back as ``after`` next time
+    (every position up to a head read first is committed, so skipping past unmatched ones
+    loses nothing)."""
+    head = log.head()
+    out: list[RecordedEvent] = []
+    while after < head:
+        batch = log.read(after, until=head, types=types)
+        if not batch:
+            break
+        out.extend(batch)
+        after = batch[-1].position
+    return out, max(after, head)
+
+
 def subscribe(
     log: EventLog,
     after: int = 0,

@@ -36,7 +36,7 @@ from gyre_store import (
     catch_up,
     evaluation_projections,
 )
-from gyre_store.log import EventMetadata
+from gyre_store.log import EventMetadata, read_to_head
 from gyre_train.exceptions import GyreTrainError, InvalidConfigError
 from gyre_train.rewards.evaluation import (
     EvaluationConfig,
@@ -110,15 +110,9 @@ class EvaluatorWorker:
     def step(self) -> int:
         """Read new events, start evaluations of newly finished executions, collect finished
         evaluations and announce ready groups; returns how many outcomes were collected."""
-        head = self.log.head()
-        while self._after < head:
-            batch = self.log.read(self._after, until=head, types=FOLLOWED)
-            if not batch:
-                break
-            for recorded in batch:
-                self._note(recorded)
-            self._after = batch[-1].position
-        self._after = max(self._after, head)
+        events, self._after = read_to_head(self.log, self._after, types=FOLLOWED)
+        for recorded in events:
+            self._note(recorded)
         for asked in [f for f in self._asked if f.done()]:
             self._asked.remove(asked)
             asked.result()

@@ -29,6 +29,7 @@ from gyre_store import (
     StreamVersionConflict,
     UnknownEventType,
     iterate,
+    read_to_head,
     subscribe,
 )
 from gyre_store.log import Event, RecordedEvent
@@ -199,6 +200,17 @@ class EventLogContract:
             for e in b
         ]
         assert got == [5]
+
+    def test_read_to_head_returns_matching_events_and_a_cursor_past_unrelated_ones(
+        self, log: EventLog
+    ) -> None:
+        log.append([NewEvent(started("e0"))] + [NewEvent(dispatched(f"e{i}")) for i in range(3)])
+        events, cursor = read_to_head(log, 0, types=["execution.started"])
+        assert [e.position for e in events] == [1] and cursor == 4  # past the unrelated tail
+        log.append([NewEvent(started("e1"))])
+        events, cursor = read_to_head(log, cursor, types=["execution.started"])
+        assert [e.position for e in events] == [5] and cursor == 5
+        assert read_to_head(log, cursor) == ([], 5)
 
     def test_a_spaced_subscription_reads_at_most_once_per_interval(self, log: EventLog) -> None:
         reads: list[float] = []
