@@ -192,9 +192,15 @@ class LiveRun:
             "controller": [*gyre, "controller", "serve", *run],
         }  # fmt: skip
         self.commands, self.env = commands, env
+        # Engines register anew in each life of the run; until they have, nothing may start
+        # an execution (on a continuing run the log still names the dead engines' addresses).
+        since = self.log.head()
         for name in commands:
+            if name not in ("launcher", "evaluator", "controller"):
+                self._spawn(name)
+        self._wait_for_engines(timeout_s=180.0, after=since)
+        for name in ("launcher", "evaluator", "controller"):
             self._spawn(name)
-        self._wait_for_engines(timeout_s=180.0)
 
     def _nodes(self, gyre: list[str], run: list[str]) -> dict[str, list[str]]:
         """One node agent per configured node: the engines spread over them, the trainer cells on
@@ -252,18 +258,18 @@ class LiveRun:
             console.print(f"[yellow]the {name} process exited {code}; starting it again (see {log})[/yellow]")
             self._spawn(name)
 
-    def _wait_for_engines(self, timeout_s: float) -> None:
+    def _wait_for_engines(self, timeout_s: float, after: int = 0) -> None:
         deadline = time.monotonic() + timeout_s
-        while len(self._engines()) < self.config.rollout_engines:
+        while len(self._engines(after)) < self.config.rollout_engines:
             self._check_children()
             if time.monotonic() > deadline:
                 raise RunFailed(f"the rollout engines did not register within {timeout_s:.0f} s")
             time.sleep(0.2)
 
-    def _engines(self) -> set[str]:
+    def _engines(self, after: int = 0) -> set[str]:
         return {
             r.event.engine
-            for r in self.log.read(0, types=["engine.registered"], limit=100_000)
+            for r in self.log.read(after, types=["engine.registered"], limit=100_000)
             if isinstance(r.event, EngineRegistered) and r.event.run_id == self.run_id
         }
 
