@@ -109,6 +109,13 @@ def parse_config(text: str, *, where: str = "the config") -> RunConfig:
         raise ConfigFileError(
             f"{where}: steps ({config.steps}) must be a whole number of bursts of mu ({config.mu})"
         )
+    if config.train.micro_step_tokens < config.model.max_context:
+        # A trajectory row is a whole context, up to max_context tokens, and is never split: a
+        # smaller budget would make the packer refuse the first group holding a long one.
+        raise ConfigFileError(
+            f"{where}: train.micro_step_tokens ({config.train.micro_step_tokens}) must be at least "
+            f"model.max_context ({config.model.max_context}): a trajectory row is never split across micro-steps"
+        )
     config.sched()
     return config
 
@@ -147,7 +154,7 @@ optimizer = "{t.optimizer}"   # adamw or sgd, the core's only optimizer
 lr = {t.lr}
 max_grad_norm = {t.max_grad_norm}   # global gradient-norm clip (0: none)
 jmax = {t.jmax}                 # J_max: trajectories admitted per execution
-micro_step_tokens = {t.micro_step_tokens}   # token budget of one packed micro-step
+micro_step_tokens = {t.micro_step_tokens}   # token budget of one packed micro-step (>= max_context: rows are never split)
 scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative advantages by the group's std
 skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
 

@@ -40,8 +40,9 @@ def execution_coefficient(target_count: int, raw_executions: int) -> float:
 class PackingConfig:
     """Micro-step size in tokens, B and N, and how many micro-steps may stay open for filling.
 
-    A row longer than `token_budget` is refused (RowTooLongError), never split: a trajectory row
-    must keep its full context. With `skip_zero_advantage`, rows of executions with A_i = 0 are not
+    A row longer than `token_budget` is refused (RowTooLongError), never split nor dropped: a
+    trajectory row must keep its full context, so the budget must be at least the longest context
+    an engine accepts. With `skip_zero_advantage`, rows of executions with A_i = 0 are not
     packed: their loss and gradient are exactly 0, only the s_i monitor loses them.
     """
 
@@ -193,24 +194,33 @@ class BatchPacker:
                 f"group {group.group_id} has {len(group.executions)} executions, "
                 f"expected N={self._config.executions_per_group}"
             )
-        rows: list[TokenRow] = []
+        # Everything is checked before anything changes: a refused group leaves the packer as it was.
+        seen: set[str] = set()
         for execution in group.executions:
-            if execution.execution_id in self._coefficient:
+            if execution.execution_id in self._coefficient or execution.execution_id in seen:
                 raise InvalidRowsError(
                     f"execution {execution.execution_id} is already in batch {self._batch}"
                 )
-            self._coefficient[execution.execution_id] = execution_coefficient(
-                execution.target_count, self._config.raw_executions
-            )
-            self._advantage[execution.execution_id] = execution.advantage
-            if not (self._config.skip_zero_advantage and execution.advantage == 0.0):
-                rows.extend(execution.rows)
+            seen.add(execution.execution_id)
+        rows = [
+            row
+            for execution in group.executions
+            if not (self._config.skip_zero_advantage and execution.advantage == 0.0)
+            for row in execution.rows
+        ]
         budget = self._config.token_budget
         for row in rows:
             if len(row) > budget:
                 raise RowTooLongError(
-                    f"row {row.execution_id}/{row.trajectory} has {len(row)} tokens, token_budget is {budget}"
+                    f"row {row.execution_id}/{row.trajectory} has {len(row)} tokens, token_budget is {budget}; "
+                    f"group {group.group_id} is not packed"
                 )
+        coefficients = {
+            e.execution_id: execution_coefficient(e.target_count, self._config.raw_executions)
+            for e in group.executions
+        }
+        self._coefficient.update(coefficients)
+        self._advantage.update({e.execution_id: e.advantage for e in group.executions})
         self._groups.append(group)
         # First-fit decreasing over this group's rows; ties broken by id so packing is deterministic.
         for row in sorted(rows, key=lambda r: (-len(r), r.execution_id, r.trajectory)):

@@ -48,12 +48,15 @@ def stored_execution(view: TreeView) -> StoredExecution:
     parents: list[int | None] = []
     nodes: list[NodeTokens] = []
     critique = 0
+    # Plain ints: an array compared with an IntEnum member took about 15 us more per call, two calls
+    # per node: 40% of converting an Appendix C-sized tree (benchmarks/bench_stored_admission.py).
+    sampled_code, critique_code = int(Provenance.SAMPLED), int(Provenance.CRITIQUE)
     for node in ordered:
         parents.append(None if node.parent_id is None else index[node.parent_id])
         provenance = node.provenance
-        sampled = provenance == Provenance.SAMPLED
+        sampled = provenance == sampled_code
         recorded = node.trainable if node.trainable is not None else np.zeros(provenance.shape, np.bool_)
-        critique += int(np.count_nonzero(provenance == Provenance.CRITIQUE))
+        critique += int(np.count_nonzero(provenance == critique_code))
         logprobs = (
             node.logprobs if node.logprobs is not None else np.zeros(provenance.shape, dtype=np.float32)
         )

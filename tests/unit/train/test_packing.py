@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -220,3 +222,39 @@ def test_bad_groups_and_rows_are_refused() -> None:
         packer.add_group(group)
     with pytest.raises(InvalidConfigError):
         PackingConfig(token_budget=0, groups_per_batch=1, executions_per_group=1)
+
+
+def test_a_group_with_a_row_over_the_budget_is_refused_whole_and_changes_nothing() -> None:
+    """Rows longer than the micro-step budget are never split nor silently dropped: the group
+    holding one is refused with RowTooLongError, and the packer goes on as if it never came."""
+    short, other, long_ = _groups(7, 3, max_length=150)
+    budget = 150
+    k = next(i for i, e in enumerate(long_.executions) if e.rows)
+    stretched = long_.executions[k]
+    mask = np.arange(budget + 1) > 0
+    grown = dataclasses.replace(stretched.rows[0], token_ids=np.zeros(budget + 1, np.int32), target_mask=mask,
+                                behaviour_logprobs=np.where(mask, -0.5, 0.0).astype(np.float32))  # fmt: skip
+    executions = list(long_.executions)
+    executions[k] = dataclasses.replace(stretched, rows=(grown, *stretched.rows[1:]))
+    long_ = dataclasses.replace(long_, executions=tuple(executions))
+    packer = BatchPacker(PackingConfig(token_budget=budget, groups_per_batch=2, executions_per_group=N), 0)
+    first = packer.add_group(short)
+    with pytest.raises(
+        RowTooLongError, match=rf"has {budget + 1} tokens, token_budget is {budget}; group g2"
+    ):
+        packer.add_group(long_)
+    assert packer.groups == (short,) and not packer.closed
+    steps = first + packer.add_group(other)
+    assert packer.closed and steps[-1].closes_stream
+    packed = [(k.execution_id, k.trajectory) for s in steps for k in s.rows]
+    wanted = [(r.execution_id, r.trajectory) for g in (short, other) for e in g.executions if e.advantage
+              for r in e.rows]  # fmt: skip
+    assert sorted(packed) == sorted(wanted)
+    # A group naming one execution twice is refused the same way, before anything is taken.
+    twice = dataclasses.replace(
+        other, group_id="g9", executions=(*other.executions[:-1], other.executions[0])
+    )
+    fresh = BatchPacker(PackingConfig(token_budget=budget, groups_per_batch=1, executions_per_group=N), 0)
+    with pytest.raises(InvalidRowsError, match="already in batch"):
+        fresh.add_group(twice)
+    assert fresh.add_group(other)[-1].closes_stream

@@ -1,0 +1,21 @@
+"""The run configuration refuses a micro-step budget that a whole context would not fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from gyre_tools.run_config import DEMO, ConfigFileError, parse_config, to_toml
+
+
+def test_the_demo_config_round_trips() -> None:
+    assert parse_config(to_toml(DEMO)) == DEMO
+
+
+def test_a_micro_step_smaller_than_the_context_is_refused() -> None:
+    text = "[model]\nmax_context = 8192\n[train]\nmicro_step_tokens = 4096\n"
+    with pytest.raises(
+        ConfigFileError, match=r"micro_step_tokens \(4096\) must be at least model.max_context \(8192\)"
+    ):
+        parse_config(text, where="run.toml")
+    config = parse_config("[model]\nmax_context = 8192\n[train]\nmicro_step_tokens = 8192\n")
+    assert (config.model.max_context, config.train.micro_step_tokens) == (8192, 8192)
