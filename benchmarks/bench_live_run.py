@@ -73,8 +73,9 @@ def main() -> None:
     )
     parser.add_argument("--config", type=Path, help="a gyre run config (default: the demo's)")
     parser.add_argument("--steps", type=int, help="override the config's steps")
+    parser.add_argument("--seed", dest="run_seed", type=int, help="override the config's seed")
     parser.add_argument("--run", help="read this run from the database instead of starting one")
-    parser.add_argument("--seed", type=int, default=0, help="the simulator's seed")
+    parser.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed")
     args = parser.parse_args()
 
     env = {
@@ -88,7 +89,10 @@ def main() -> None:
             config = parse_config(args.config.read_text()) if args.config else parse_config("")
             if args.steps:
                 config = msgspec.structs.replace(config, steps=args.steps)
-            env["GYRE_DATA_DIR"] = str(Path(tmp) / "data")
+            if args.run_seed is not None:
+                config = msgspec.structs.replace(config, seed=args.run_seed)
+            # The demo's data directory by default: its warm-started policy is cached there.
+            env["GYRE_DATA_DIR"] = os.environ.get("GYRE_DATA_DIR", str(Path.home() / ".gyre"))
             run_id = _run(to_toml(config), env, Path(tmp))
         with PostgresEventLog(StoreConfig(env["GYRE_DATABASE_URL"])) as log:
             toml = next(
@@ -99,11 +103,19 @@ def main() -> None:
             config = parse_config(toml)
             report = run_report(log, run_id, phi=config.phi, mu=config.mu)
             cells = cell_time(log, run_id)
-            costs, predicted = predict_run(log, run_id, config.sched(), seed=args.seed)
+            costs, predicted = predict_run(log, run_id, config.sched(), seed=args.sim_seed)
 
     print(f"\nrun {run_id}: {config.policy}, K={config.cells} trainer cells, "
           f"{config.rollout_engines} engines x {config.engine_capacity}, B={config.B} N={config.N}, "
           f"{len(report.steps)} steps")  # fmt: skip
+    rewards = [st.mean_reward for st in report.steps if st.mean_reward is not None]
+    third = max(1, len(rewards) // 3)
+    if rewards:
+        first, last = sum(rewards[:third]) / third, sum(rewards[-third:]) / third
+        print(f"reward: first third {first:.3f}, last third {last:.3f}, gain {last - first:+.3f}")
+    for held in report.held_out:
+        rate = "n/a" if held.pass_rate is None else f"{held.pass_rate:.3f}"
+        print(f"held-out {held.name}: pass rate {rate} ({held.passed}/{held.executions})")
     print("\nuseful work (seconds, from the log)")
     print(f"  {'cell':<26} {'span':>8}  parts")
     for c in cells.trainers + cells.engines:
