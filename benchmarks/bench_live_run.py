@@ -7,7 +7,7 @@ real processes, then reads the run's log alone:
   (``train.computed``), the fraction of rollout-engine time spent generating (model calls
   open), and where the rest went (``gyre_store.cell_time``);
 - the simulator's prediction for the same configuration, fed the run's measured execution
-  durations (by group), training seconds per group, update and publication times
+  durations (by group), training seconds per group, update-and-publication time
   (``gyre_sched.predict_run``): real wall time / simulated wall time, both from the first
   dispatch to the last update.
 
@@ -130,7 +130,7 @@ def main() -> None:
     print("\nsimulator fed this run's measurements")
     print(f"  training: {costs.compute_s:.1f} s of passes over {costs.groups} groups "
           f"({cluster.train_node_hours_per_group * 3600:.2f} s/group, {cluster.microsteps_per_group} micro-steps/group); "
-          f"update {cluster.update_s:.2f} s; publication {cluster.publish_s:.2f} s")  # fmt: skip
+          f"update and publication {cluster.update_s:.2f} s")  # fmt: skip
     print(f"  real wall time       {real:8.1f} s  (run.started -> last update)")
     print(f"  simulated wall time  {simulated:8.1f} s")
     print(

@@ -2,16 +2,17 @@
 
 A trainer cell's span runs from ``run.started`` to the run's last ``train.update``; its
 useful work is the sum of its ``train.computed`` seconds (pass 1 forwards and pass 2
-forward-backwards). The rest is split into the reduction and optimizer update of each batch
-(from the batch's last computation to its ``train.update``), publication (from a final
-update to its ``policy.published``: saving the policy and every engine loading it), and
-waiting (no micro-step to compute: the batch's groups were not ready yet, or other cells
-held the remaining claims).
+forward-backwards). The rest is split into update and publication (from the batch's last
+computation to its ``train.update``: the reduction, the optimizer step and, for a final
+update, saving the policy and every engine loading it, since the core records the update
+and ``policy.published`` together once the engines have loaded) and waiting (no micro-step
+to compute: the batch's groups were not ready yet, or other cells held the remaining claims).
 
 A rollout engine's span runs from its first ``engine.registered`` to the run's last
-``policy.published``; it is generating while at least one model call routed to it is open
+``train.update``; it is generating while at least one model call routed to it is open
 (the union of the calls' ``[started_at, started_at + duration_s]``, the proxy's own clock).
-Of the rest, ``loading weights`` is publication time without generation and ``idle`` is
+Of the rest, ``loading weights`` is the update-and-publication time of final updates without
+generation (an upper bound: it includes the reduction and the optimizer step) and ``idle`` is
 everything else: harnesses running tools, evaluation, and the dispatch boundary.
 
 Times from different machines mix the proxy's clock with the database's ``recorded_at``;
@@ -32,7 +33,6 @@ from gyre_store.catalog import (
     ModelCallRecorded,
     RunStarted,
     TrainingUpdate,
-    WeightsPublished,
 )
 from gyre_store.log import EventLog
 
@@ -42,7 +42,6 @@ _TYPES = (
     "run.started",
     "train.computed",
     "train.update",
-    "policy.published",
     "engine.registered",
     "model_call.recorded",
 )
@@ -120,7 +119,6 @@ def cell_time(log: EventLog, run_id: str) -> CellTimeReport:
     computed: dict[int, float] = defaultdict(float)
     last_computed: dict[int, float] = {}  # batch -> recorded time of its last computation
     updates: list[tuple[float, TrainingUpdate]] = []
-    published: list[float] = []
     registered: dict[str, float] = {}
     calls: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
@@ -140,8 +138,6 @@ def cell_time(log: EventLog, run_id: str) -> CellTimeReport:
                 last_computed[batch] = max(last_computed.get(batch, at), at)
             case TrainingUpdate():
                 updates.append((at, ev))
-            case WeightsPublished():
-                published.append(at)
             case EngineRegistered(engine=engine):
                 registered.setdefault(engine, at)
             case ModelCallRecorded(engine=engine) if engine:
@@ -151,7 +147,7 @@ def cell_time(log: EventLog, run_id: str) -> CellTimeReport:
     if started is None or not updates:
         return CellTimeReport(trainers=[], engines=[])
 
-    # Reduction and update per batch; publication per final update (the next publication).
+    # Reduction, update and (for a final update) publication, per batch.
     update_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
     publish: list[tuple[float, float]] = []
     for at, update in updates:
@@ -159,10 +155,8 @@ def cell_time(log: EventLog, run_id: str) -> CellTimeReport:
         if begin is not None and begin < at:
             for cell in update.cells:
                 update_spans[cell].append((begin, at))
-        if update.final:
-            after = [p for p in published if p >= at]
-            if after:
-                publish.append((at, min(after)))
+            if update.final:
+                publish.append((begin, at))
     publish = _union(publish)
 
     end_train = max(at for at, _ in updates)
@@ -171,24 +165,18 @@ def cell_time(log: EventLog, run_id: str) -> CellTimeReport:
         span = end_train - started
         useful = min(computed.get(cell, 0.0), span)
         update_s = _length(_union(update_spans.get(cell, [])))
-        publish_s = _length(_clip(publish, started, end_train))
-        waiting = max(0.0, span - useful - update_s - publish_s)
+        waiting = max(0.0, span - useful - update_s)
         name = "core" if cell == 0 else f"satellite {cell}"
         trainers.append(
             CellTime(
                 name=f"trainer {cell} ({name})",
                 span_s=span,
                 useful_s=useful,
-                parts={
-                    "forward-backward": useful,
-                    "reduce + update": update_s,
-                    "publication": publish_s,
-                    "waiting": waiting,
-                },
+                parts={"forward-backward": useful, "update + publication": update_s, "waiting": waiting},
             )
         )
 
-    end_run = max([*published, end_train])
+    end_run = end_train
     engines = []
     for engine in sorted(registered):
         begin = max(registered[engine], started)

@@ -3,9 +3,10 @@
 ``measured_cluster`` turns a run's log into the simulator's time costs: the training work per
 group is the run's forward and forward-backward seconds (``train.computed``) over the groups
 it consumed, in micro-steps as the run packed them; the update is the mean time from a batch's
-last computation to its ``train.update``; publication is the mean time from a final update to
-``policy.published``. Non-final updates are broadcast inside the update time of a live run, and
-a pipeline warm-up is part of each micro-step there, so both are zero. One node per cell.
+last computation to its ``train.update``. The live core records a final update together with
+its ``policy.published``, once the engines have loaded the policy, so that time includes the
+publication, and the simulator's separate publication and broadcast costs are zero (as is its
+pipeline warm-up, part of each micro-step on a live run). One node per cell.
 With ``workload_from_run`` (the run's execution durations by group) and the run's
 ``SchedConfig``, ``predict_run`` simulates the same configuration for the same number of steps.
 """
@@ -25,7 +26,7 @@ from gyre_store.log import EventLog
 
 __all__ = ["MeasuredCosts", "measured_cluster", "predict_run"]
 
-_TYPES = ("train.computed", "train.update", "policy.published", "group.consumed")
+_TYPES = ("train.computed", "train.update", "group.consumed")
 
 
 class MeasuredCosts(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,7 +47,6 @@ def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
     compute_s = 0.0
     last_computed: dict[int, float] = {}
     updates: list[tuple[float, catalog.TrainingUpdate]] = []
-    published: list[float] = []
     groups = 0
     for recorded in log.read(0, types=_TYPES, limit=10_000_000):
         ev = recorded.event
@@ -59,8 +59,6 @@ def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
                 last_computed[batch] = max(last_computed.get(batch, at), at)
             case catalog.TrainingUpdate():
                 updates.append((at, ev))
-            case catalog.WeightsPublished():
-                published.append(at)
             case catalog.GroupConsumed():
                 groups += 1
             case _:
@@ -68,11 +66,6 @@ def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
     if not updates or groups == 0:
         raise WorkloadError(f"run {run_id!r} has no update or no consumed group to measure")
     update_s = [at - last_computed[u.batch] for at, u in updates if u.batch in last_computed]
-    publish_s: list[float] = []
-    for at, update in updates:
-        after = [p for p in published if p >= at]
-        if update.final and after:
-            publish_s.append(min(after) - at)
     micro_steps = sum(u.micro_steps for _, u in updates)
     cluster = ClusterConfig(
         cell_nodes=1,
@@ -80,7 +73,7 @@ def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
         microsteps_per_group=max(1, round(micro_steps / groups)),
         update_s=sum(update_s) / len(update_s) if update_s else 0.0,
         broadcast_s=0.0,
-        publish_s=sum(publish_s) / len(publish_s) if publish_s else 0.0,
+        publish_s=0.0,
         pipeline_s=0.0,
     ).validate()
     return MeasuredCosts(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from gyre_store import (
@@ -69,7 +70,8 @@ def _log() -> InMemoryEventLog:
     # batch 0: the core computes 3 s, the satellite 2 s; the last computation ends at 10
     at(9, computed(0, 0, 3.0))
     at(10, computed(1, 1, 2.0))
-    # reduction and update take 10 -> 12; publication 12 -> 15
+    # reduction, update and publication take 10 -> 15: the core records the update and the
+    # publication together once the engines loaded the policy
     update = TrainingUpdate(
         run_id="r",
         batch=0,
@@ -80,39 +82,46 @@ def _log() -> InMemoryEventLog:
         grad_norm=1.0,
         final=True,
     )
-    at(12, NewEvent(update))
-    at(15, NewEvent(WeightsPublished(run_id="r", policy_version=1, step=0)))
+    at(15, NewEvent(update), NewEvent(WeightsPublished(run_id="r", policy_version=1, step=0)))
     # a model call of another run on the same engine counts for nothing
     at(16, new_record(
         ModelCallRecorded(execution_id="o", run_id="other", request_id="z", engine="pool-0",
                           started_at=T0.timestamp(), duration_s=15.0),
         _arrays(),
     ))  # fmt: skip
-    at(30, NewEvent(WeightsPublished(run_id="r", policy_version=2, step=1)))
+    # a non-final update: its reduction is no publication (batch 1 computed 20 -> 28, update 30)
+    at(
+        28,
+        NewEvent(
+            MicroStepComputed(run_id="r", batch=1, micro_step=0, phase=2, cell=0, seconds=4.0, tokens=10)
+        ),
+    )
+    at(30, NewEvent(msgspec.structs.replace(update, batch=1, policy_version=2, cells=[0], final=False)))
     return log
 
 
-def test_trainer_time_is_split_into_compute_update_publication_and_waiting() -> None:
+def test_trainer_time_is_split_into_compute_update_and_waiting() -> None:
     report = cell_time(_log(), "r")
     core, satellite = report.trainers
-    assert core.span_s == pytest.approx(12.0)  # run.started -> last train.update
-    assert core.useful_s == pytest.approx(3.0)
+    assert core.span_s == pytest.approx(30.0)  # run.started -> last train.update
+    assert core.useful_s == pytest.approx(7.0)
     assert core.parts == pytest.approx(
-        {"forward-backward": 3.0, "reduce + update": 2.0, "publication": 0.0, "waiting": 7.0}
+        {"forward-backward": 7.0, "update + publication": 7.0, "waiting": 16.0}
     )
-    assert satellite.useful_s == pytest.approx(2.0)
-    assert sum(satellite.parts.values()) == pytest.approx(satellite.span_s)
-    assert report.trainer_fraction == pytest.approx(5.0 / 24.0)
+    assert satellite.parts == pytest.approx(
+        {"forward-backward": 2.0, "update + publication": 5.0, "waiting": 23.0}
+    )
+    assert report.trainer_fraction == pytest.approx(9.0 / 60.0)
 
 
 def test_engine_time_is_the_union_of_its_open_calls() -> None:
     report = cell_time(_log(), "r")
     first, second = report.engines
     assert first.name == "engine pool-0"
-    assert first.span_s == pytest.approx(30.0)  # registered -> last policy.published
+    assert first.span_s == pytest.approx(30.0)  # registered -> last train.update
     assert first.useful_s == pytest.approx(7.0)  # [2, 8] and [20, 21], another run's call excluded
-    assert first.parts["loading weights"] == pytest.approx(3.0)  # 12 -> 15, nothing generated
-    assert first.parts["idle"] == pytest.approx(20.0)
+    assert first.parts["loading weights"] == pytest.approx(5.0)  # 10 -> 15, the final update only
+    assert first.parts["idle"] == pytest.approx(18.0)
     assert second.span_s == pytest.approx(29.0) and second.useful_s == 0.0
     assert report.engine_fraction == pytest.approx(7.0 / 59.0)
 
