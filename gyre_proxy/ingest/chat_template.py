@@ -88,6 +88,10 @@ class Qwen3Template:
         if message.role == Role.ASSISTANT:
             self._open(out, "assistant", first)
             self._assistant_body(out, message, Provenance.INJECTED_ASSISTANT)
+        elif message.role == Role.SYSTEM:
+            # A system (developer) turn later in the history, where the client put it.
+            self._open(out, "system", first)
+            out.add(self.tok.encode(message.text()), Provenance.SYSTEM)
         else:
             self._open(out, "user", first)
             for i, b in enumerate(message.blocks):
