@@ -11,11 +11,13 @@ from gyre_proxy import exceptions
 from gyre_proxy.harness.agent import COMPACT_REQUEST, RESUME, SYSTEM_MAIN, SYSTEM_SUB, TOOL_SPECS
 from gyre_proxy.harness.builtin import BuiltinHarness
 from gyre_proxy.harness.claude_code import AGENT_TOOLS, COMPACTION, ClaudeCodeHarness
+from gyre_proxy.harness.codex import CodexHarness, provider_config
 from gyre_proxy.harness.plugin import CallTraits, GenericHarness, HarnessPlugin, Launch, LaunchSpec
 
 HARNESSES: dict[str, type[HarnessPlugin]] = {
     "builtin": BuiltinHarness,
     "claude-code": ClaudeCodeHarness,
+    "codex": CodexHarness,
     "generic": GenericHarness,
 }
 """Harness names accepted by ``--harness`` and run configs, and their plug-ins."""
@@ -44,9 +46,11 @@ __all__ = [
     "BuiltinHarness",
     "CallTraits",
     "ClaudeCodeHarness",
+    "CodexHarness",
     "GenericHarness",
     "HarnessPlugin",
     "Launch",
     "LaunchSpec",
     "plugin_for",
+    "provider_config",
 ]
