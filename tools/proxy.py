@@ -9,8 +9,7 @@ import threading
 from typing import Any
 
 from gyre_proxy import ProxyConfig, ProxyService, issue_key
-from gyre_proxy.harness import provider_config
-from gyre_proxy.harness.codex import KEY_ENV
+from gyre_proxy.harness import CODEX_KEY_ENV, provider_config
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 
@@ -156,7 +155,7 @@ def run_new(args: argparse.Namespace) -> int:
     elif args.harness == "codex":
         # The key goes in the environment variable the provider block names, never in the file.
         console.print(
-            f"execution {execution_id}\n  base URL {base}\n  {KEY_ENV}={key}\n"
+            f"execution {execution_id}\n  base URL {base}\n  {CODEX_KEY_ENV}={key}\n"
             f"add to $CODEX_HOME/config.toml:\n\n{found['config_toml']}",
             markup=False,
             highlight=False,

@@ -11,6 +11,7 @@ from gyre_proxy import exceptions
 from gyre_proxy.harness.agent import COMPACT_REQUEST, RESUME, SYSTEM_MAIN, SYSTEM_SUB, TOOL_SPECS
 from gyre_proxy.harness.builtin import BuiltinHarness
 from gyre_proxy.harness.claude_code import AGENT_TOOLS, COMPACTION, ClaudeCodeHarness
+from gyre_proxy.harness.codex import KEY_ENV as CODEX_KEY_ENV
 from gyre_proxy.harness.codex import CodexHarness, provider_config
 from gyre_proxy.harness.plugin import CallTraits, GenericHarness, HarnessPlugin, Launch, LaunchSpec
 
@@ -36,6 +37,7 @@ def plugin_for(name: str) -> HarnessPlugin:
 
 __all__ = [
     "AGENT_TOOLS",
+    "CODEX_KEY_ENV",
     "COMPACTION",
     "COMPACT_REQUEST",
     "HARNESSES",
