@@ -194,7 +194,9 @@ def to_chat_request(body: MessagesBody, *, require_max_tokens: bool = True) -> C
             # Claude Code sends some system text as role:"system" messages: it joins the system prompt.
             if not all(isinstance(p, _Text) for p in content):
                 raise InvalidRequest(f"{at}: system messages may hold only text blocks")
-            system.extend(p.text for p in content if isinstance(p, _Text))
+            # The blocks of one message are its text in pieces: the same text sent as a string
+            # must give the same system prompt (and so the same agent and stored prefix).
+            system.append("".join(p.text for p in content if isinstance(p, _Text)))
             continue
         messages.append(Message(Role(m.role), tuple(_blocks(m.role, content, at, tool_ids))))
     if not messages:
