@@ -1,5 +1,6 @@
 """gyre's servers as a user starts them: `gyre engine serve` and `gyre proxy serve` processes,
-ready once their /health answers, killed on the way out; the harness tests share them."""
+ready once their /health answers, stopped on the way out; and reading what they stored.
+The harness tests share them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from pathlib import Path
 import httpx
 
 from gyre_proxy.hosting import free_port
+from gyre_store import InMemoryProjectionStore, PostgresEventLog, StoreConfig, catch_up
+from gyre_store.catalog import ModelCallRecorded
+from gyre_store.log import StreamId
+from gyre_store.trees import TreeProjection, TreeView
 from tests.acceptance.conftest import ROOT
 
 
@@ -70,3 +75,29 @@ def engine_and_proxy(database_url: str, script: Path, harness: str, logs: Path) 
                       "--context-limit", "65536"]  # fmt: skip
         with gyre_server(proxy_args, logs / "proxy.log", {"GYRE_DATABASE_URL": database_url}) as proxy:
             yield proxy
+
+
+def settled_records(database_url: str, execution_id: str) -> list[ModelCallRecorded]:
+    """The execution's records once no new one has arrived for 2 s (the proxy writes off the path)."""
+    seen, since = -1, time.monotonic()
+    deadline = since + 60
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        while True:
+            calls = [
+                e.event
+                for e in log.read_stream(StreamId("calls", execution_id))
+                if isinstance(e.event, ModelCallRecorded)
+            ]
+            if len(calls) != seen:
+                seen, since = len(calls), time.monotonic()
+            elif time.monotonic() - since > 2 or time.monotonic() > deadline:
+                return calls
+            time.sleep(0.2)
+
+
+def tree(database_url: str, execution_id: str) -> TreeView:
+    projection = TreeProjection()
+    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        catch_up(log, store, projection)
+    return TreeView.load(store, execution_id)

@@ -16,18 +16,14 @@ import itertools
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gyre_store import InMemoryProjectionStore, PostgresEventLog, StoreConfig, catch_up
-from gyre_store.catalog import ModelCallRecorded, Provenance
-from gyre_store.log import StreamId
-from gyre_store.trees import TreeProjection, TreeView
+from gyre_store.catalog import Provenance
 from tests.acceptance.conftest import ROOT, gyre
-from tests.acceptance.processes import engine_and_proxy
+from tests.acceptance.processes import engine_and_proxy, settled_records, tree
 
 SPAWN_MESSAGE = "List the files in the workspace and report."
 
@@ -63,32 +59,6 @@ def script() -> dict[str, object]:
             {"when": "", "text": "OK."},
         ],
     }  # fmt: skip
-
-
-def settled_records(database_url: str, execution_id: str) -> list[ModelCallRecorded]:
-    """The execution's records once no new one has arrived for 2 s (the proxy writes off the path)."""
-    seen, since = -1, time.monotonic()
-    deadline = since + 60
-    with PostgresEventLog(StoreConfig(database_url)) as log:
-        while True:
-            calls = [
-                e.event
-                for e in log.read_stream(StreamId("calls", execution_id))
-                if isinstance(e.event, ModelCallRecorded)
-            ]
-            if len(calls) != seen:
-                seen, since = len(calls), time.monotonic()
-            elif time.monotonic() - since > 2 or time.monotonic() > deadline:
-                return calls
-            time.sleep(0.2)
-
-
-def tree(database_url: str, execution_id: str) -> TreeView:
-    projection = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
-    with PostgresEventLog(StoreConfig(database_url)) as log:
-        catch_up(log, store, projection)
-    return TreeView.load(store, execution_id)
 
 
 @pytest.mark.timeout(900)
