@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from gyre_proxy import ProxyConfig, ProxyService, issue_key
+from gyre_proxy.harness import CODEX_KEY_ENV, provider_config
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 
@@ -38,7 +39,7 @@ def register(subparsers: Any) -> None:
         "--harness",
         "GYRE_PROXY_HARNESS",
         default="claude-code",
-        help="harness plug-in: builtin, claude-code or generic",
+        help="harness plug-in: builtin, claude-code, codex or generic",
     )
     add_env_argument(
         serve,
@@ -69,7 +70,9 @@ def register(subparsers: Any) -> None:
     esub = executions.add_subparsers(dest="executions_command", metavar="ACTION", required=True)
     new = esub.add_parser("new", help="register an execution and print its API key and base URL")
     add_store_arguments(new)
-    add_env_argument(new, "--harness", "GYRE_HARNESS", default="claude-code", help="claude-code or openai")
+    add_env_argument(
+        new, "--harness", "GYRE_HARNESS", default="claude-code", help="claude-code, codex or openai"
+    )
     add_env_argument(new, "--run-id", "GYRE_RUN_ID", default="default", help="the run it belongs to")
     add_env_argument(new, "--execution-id", "GYRE_EXECUTION_ID", help="default: a new id")
     add_env_argument(
@@ -137,14 +140,27 @@ def run_new(args: argparse.Namespace) -> int:
     execution_id = args.execution_id or f"{args.run_id}-{uuid.uuid4().hex[:8]}"
     with open_store(args) as opened:
         key = issue_key(opened.log, execution_id=execution_id, run_id=args.run_id, harness=args.harness)
-    base = args.proxy_url if args.harness != "openai" else args.proxy_url.rstrip("/") + "/v1"
+    openai_style = args.harness in ("openai", "codex")
+    base = args.proxy_url.rstrip("/") + "/v1" if openai_style else args.proxy_url
+    found: dict[str, str] = {
+        "execution_id": execution_id,
+        "api_key": key,
+        "base_url": base,
+        "harness": args.harness,
+    }
+    if args.harness == "codex":
+        found["config_toml"] = provider_config(args.proxy_url)
     if args.json:
-        print(
-            json.dumps(
-                {"execution_id": execution_id, "api_key": key, "base_url": base, "harness": args.harness}
-            )
+        print(json.dumps(found))
+    elif args.harness == "codex":
+        # The key goes in the environment variable the provider block names, never in the file.
+        console.print(
+            f"execution {execution_id}\n  base URL {base}\n  {CODEX_KEY_ENV}={key}\n"
+            f"add to $CODEX_HOME/config.toml:\n\n{found['config_toml']}",
+            markup=False,
+            highlight=False,
         )
     else:
-        env = "ANTHROPIC" if args.harness != "openai" else "OPENAI"
+        env = "ANTHROPIC" if not openai_style else "OPENAI"
         console.print(f"execution {execution_id}\n  {env}_BASE_URL={base}\n  {env}_API_KEY={key}")
     return 0

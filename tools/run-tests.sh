@@ -104,6 +104,15 @@ elif ! "$py" -c 'import mooncake.engine' 2>/dev/null; then
 fi
 took mooncake
 
+# The harnesses of the end-to-end tests, pinned; without npm their tests skip, loudly.
+phase harnesses
+for installer in install_claude_code.sh install_codex.sh; do
+    if ! bash "tools/$installer" >/dev/null; then
+        echo "!! tools/$installer failed (npm unreachable?): its harness test will be skipped" >&2
+    fi
+done
+took harnesses
+
 phase ruff
 .venv/bin/ruff check . && .venv/bin/ruff format --check .
 took ruff

@@ -29,7 +29,7 @@ from gyre_tools.run_config import ConfigFileError, RunConfig
 from gyre_train.backends import TINY_POLICY, TokenSequence, WarmStartConfig, new_policy, warm_start
 from gyre_train.tasks import DEMO_WEIGHTS, Demonstration, family, instances
 
-RECIPE = 1  # changes whenever rendering or training changes: a new cache entry
+RECIPE = 2  # changes whenever rendering or training changes: a new cache entry
 POLICY_SEED = 0  # one starting policy per family, shared by every run seed
 DEMONSTRATIONS = 1500
 SNIPPETS = 600

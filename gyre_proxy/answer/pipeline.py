@@ -99,6 +99,7 @@ class AnswerPipeline:
             del self._recent[oldest]
             self._seqs.pop(oldest, None)
             self.ingestor.recorder.forget(oldest)
+            self.ingestor.payloads.forget(oldest)
 
     def _remember(self, execution_id: str, request_id: str, full: npt.NDArray[np.int32]) -> None:
         seqs = self._seqs.setdefault(execution_id, _Sequences()).by_request

@@ -9,6 +9,7 @@ body stays on ``request.state.raw_body``. Images become a text placeholder.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -127,6 +128,13 @@ def _json_object(raw: msgspec.Raw, where: str) -> str:
     return text
 
 
+def _arguments(raw: msgspec.Raw, where: str) -> str:
+    """A tool call's ``input`` object as Qwen3's template writes arguments given as an object
+    (``json.dumps``: ``", "`` and ``": "``, keys in order); a call the proxy itself generated
+    gets its sampled text back from the payload cache before it is rendered."""
+    return json.dumps(json.loads(_json_object(raw, where)), ensure_ascii=False)
+
+
 def _blocks(role: str, content: list[_Content], at: str, tool_ids: set[str]) -> list[Block]:
     blocks: list[Block] = []
     for j, part in enumerate(content):
@@ -145,7 +153,7 @@ def _blocks(role: str, content: list[_Content], at: str, tool_ids: set[str]) -> 
             blocks.append(ThinkingBlock(part.thinking, part.signature))
         elif isinstance(part, _ToolUse):
             tool_ids.add(part.id)
-            blocks.append(ToolUseBlock(part.id, part.name, _json_object(part.input, f"{where}.input")))
+            blocks.append(ToolUseBlock(part.id, part.name, _arguments(part.input, f"{where}.input")))
         elif role != "user":
             raise InvalidRequest(f"{where}: tool_result blocks belong in user messages")
         elif part.tool_use_id not in tool_ids:
@@ -186,7 +194,9 @@ def to_chat_request(body: MessagesBody, *, require_max_tokens: bool = True) -> C
             # Claude Code sends some system text as role:"system" messages: it joins the system prompt.
             if not all(isinstance(p, _Text) for p in content):
                 raise InvalidRequest(f"{at}: system messages may hold only text blocks")
-            system.extend(p.text for p in content if isinstance(p, _Text))
+            # The blocks of one message are its text in pieces: the same text sent as a string
+            # must give the same system prompt (and so the same agent and stored prefix).
+            system.append("".join(p.text for p in content if isinstance(p, _Text)))
             continue
         messages.append(Message(Role(m.role), tuple(_blocks(m.role, content, at, tool_ids))))
     if not messages:

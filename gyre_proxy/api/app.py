@@ -19,6 +19,7 @@ from starlette.routing import Route
 from gyre_proxy.api import anthropic as anthropic_api
 from gyre_proxy.api import gyre_api
 from gyre_proxy.api import openai_chat as openai_api
+from gyre_proxy.api import openai_responses as responses_api
 from gyre_proxy.api.adapter import DEFAULT_MAX_BODY_BYTES, ApiSettings
 from gyre_proxy.api.errors import anthropic_error_response, openai_error_response
 from gyre_proxy.chat import Answerer, EvaluationGateway, KeyResolver
@@ -43,7 +44,8 @@ def build_app(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     evaluations: EvaluationGateway | None = None,
 ) -> Starlette:
-    """The Starlette app serving the Anthropic and OpenAI APIs over ``answerer``, and ``/health``;
+    """The Starlette app serving the Anthropic Messages, OpenAI Chat Completions and OpenAI
+    Responses APIs over ``answerer``, and ``/health``;
     with ``evaluations``, also gyre's ``/gyre/v1/evaluate`` for executions asking for one.
 
     ``on_shutdown`` runs on the server's event loop as it stops (engine clients opened on
@@ -76,6 +78,7 @@ def build_app(
         routes=[
             *anthropic_api.routes(answerer, keys, settings),
             *openai_api.routes(answerer, keys, settings),
+            *responses_api.routes(answerer, keys, settings),
             *(gyre_api.routes(evaluations, keys, settings) if evaluations is not None else []),
             Route("/health", health, methods=["GET"]),
         ],

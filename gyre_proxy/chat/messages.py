@@ -74,6 +74,9 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()
     thinking: bool = False
     model: str = ""
+    # What the client says about the call beyond the prompt (Codex's thread and agent, from
+    # ``client_metadata``): read by harness plug-ins to classify it, never rendered.
+    client_metadata: tuple[tuple[str, str], ...] = ()
 
 
 class StopReason(enum.StrEnum):

@@ -11,11 +11,14 @@ from gyre_proxy import exceptions
 from gyre_proxy.harness.agent import COMPACT_REQUEST, RESUME, SYSTEM_MAIN, SYSTEM_SUB, TOOL_SPECS
 from gyre_proxy.harness.builtin import BuiltinHarness
 from gyre_proxy.harness.claude_code import AGENT_TOOLS, COMPACTION, ClaudeCodeHarness
+from gyre_proxy.harness.codex import KEY_ENV as CODEX_KEY_ENV
+from gyre_proxy.harness.codex import CodexHarness, provider_config
 from gyre_proxy.harness.plugin import CallTraits, GenericHarness, HarnessPlugin, Launch, LaunchSpec
 
 HARNESSES: dict[str, type[HarnessPlugin]] = {
     "builtin": BuiltinHarness,
     "claude-code": ClaudeCodeHarness,
+    "codex": CodexHarness,
     "generic": GenericHarness,
 }
 """Harness names accepted by ``--harness`` and run configs, and their plug-ins."""
@@ -34,6 +37,7 @@ def plugin_for(name: str) -> HarnessPlugin:
 
 __all__ = [
     "AGENT_TOOLS",
+    "CODEX_KEY_ENV",
     "COMPACTION",
     "COMPACT_REQUEST",
     "HARNESSES",
@@ -44,9 +48,11 @@ __all__ = [
     "BuiltinHarness",
     "CallTraits",
     "ClaudeCodeHarness",
+    "CodexHarness",
     "GenericHarness",
     "HarnessPlugin",
     "Launch",
     "LaunchSpec",
     "plugin_for",
+    "provider_config",
 ]

@@ -53,11 +53,19 @@ class ClaudeCodeHarness:
         )
         if ctx.first_system_sha is None or ctx.first_system_sha == system_sha:
             return CallTraits(AgentKind.MAIN, "main", purpose)
-        first_user = next((m for m in request.messages if m.role == Role.USER), None)
-        prompt = first_user.text() if first_user is not None else ""
-        spawned_by = self._spawns.get(ctx.execution_id, {}).get(prompt.strip())
+        spawned_by = self._spawned_by(ctx.execution_id, request)
         agent_id = spawned_by or f"sub-{system_sha[:8]}"
         return CallTraits(AgentKind.SUB_AGENT, agent_id, purpose, spawned_by)
+
+    def _spawned_by(self, execution_id: str, request: ChatRequest) -> str | None:
+        """The Agent call whose prompt opens the sub-agent's history: its first user message,
+        or one text block of it (Claude Code puts a system reminder block before the prompt)."""
+        first_user = next((m for m in request.messages if m.role == Role.USER), None)
+        if first_user is None:
+            return None
+        spawns = self._spawns.get(execution_id, {})
+        texts = [first_user.text(), *(b.text for b in first_user.blocks if isinstance(b, TextBlock))]
+        return next((spawns[t.strip()] for t in texts if t.strip() in spawns), None)
 
     def observe_output(self, execution_id: str, assistant: Message) -> None:
         for b in assistant.blocks:

@@ -1,5 +1,6 @@
 """From a harness's request to a stored TITO record: the Qwen3 chat template, matching a
-request against its execution's trajectory tree so only new messages are tokenized, the
+request against its execution's trajectory tree so only new messages are tokenized (tool
+calls restored to their sampled payloads by call id first), the
 harness plug-ins that classify calls, the spool that appends records off the response
 path, and the synthetic trace generator that goes through the same path. No engines, no HTTP.
 """
@@ -18,6 +19,7 @@ from gyre_proxy.ingest.incremental import (
     output_hash,
 )
 from gyre_proxy.ingest.ingestor import Ingestor, Prepared, continuation
+from gyre_proxy.ingest.payloads import PayloadCache
 from gyre_proxy.ingest.spool import RecordSpool
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 
@@ -26,6 +28,7 @@ __all__ = [
     "EncodedRequest",
     "Ingestor",
     "Match",
+    "PayloadCache",
     "Prepared",
     "Qwen3Template",
     "RecordSpool",

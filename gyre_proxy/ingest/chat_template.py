@@ -3,13 +3,17 @@
 Each message renders to ``[\\n] <|im_start|>role\\n content <|im_end|>``: the newline that
 follows an ``<|im_end|>`` is written as the start of the next message, so every message
 (and every sampled answer, which ends with ``<|im_end|>``) ends on a message boundary and
-a history can be extended without re-rendering what is already stored.
-Tool calls are ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``; reasoning is in
-``<think>``; tool results are user turns wrapped in ``<tool_response>``.
+a history can be extended without re-rendering what is already stored. The text is what
+Qwen3's official template writes for the same messages: tool definitions as ``json.dumps``
+writes them (``", "`` and ``": "``), one newline before each ``<tool_call>``, tool results
+as user turns of ``<tool_response>`` blocks, no system turn when there is neither a system
+prompt nor a tool. One deliberate difference: reasoning in earlier turns is kept (the
+official template drops it), because a stored history keeps the tokens as they were sampled.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import msgspec
@@ -19,7 +23,7 @@ from gyre_proxy.engines import Tokenizer
 from gyre_store.catalog import Provenance
 
 TOOLS_PREAMBLE = (
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
 )
 TOOLS_POSTAMBLE = (
@@ -60,25 +64,26 @@ class Qwen3Template:
         out.add(self.tok.encode(f"{role}\n"), Provenance.TEMPLATE)
 
     def tools_text(self, tools: tuple[ToolSpec, ...]) -> str:
-        lines = [
-            msgspec.json.encode(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": msgspec.json.decode(t.input_schema_json),
-                    },
-                }
-            ).decode()
-            for t in tools
-        ]
+        """The tool section: each definition as the template's ``tojson`` writes it, which is
+        ``json.dumps`` with its default separators, keys in the client's order, non-ASCII kept."""
+        lines = [json.dumps(_definition(t), ensure_ascii=False) for t in tools]
         return TOOLS_PREAMBLE + "".join("\n" + line for line in lines) + TOOLS_POSTAMBLE
+
+    @staticmethod
+    def has_system(system: str, tools: tuple[ToolSpec, ...]) -> bool:
+        """Whether the context opens with a system turn (the template writes none without
+        a system prompt or a tool)."""
+        return bool(system or tools)
 
     def render_system(self, system: str, tools: tuple[ToolSpec, ...]) -> Rendered:
         out = Rendered()
+        if not self.has_system(system, tools):
+            return out
         self._open(out, "system", first=True)
-        out.add(self.tok.encode(system + (self.tools_text(tools) if tools else "")), Provenance.SYSTEM)
+        text = system
+        if tools:
+            text = (system + "\n\n" if system else "") + self.tools_text(tools)
+        out.add(self.tok.encode(text), Provenance.SYSTEM)
         out.add([self.im_end], Provenance.TEMPLATE)
         return out
 
@@ -88,10 +93,18 @@ class Qwen3Template:
         if message.role == Role.ASSISTANT:
             self._open(out, "assistant", first)
             self._assistant_body(out, message, Provenance.INJECTED_ASSISTANT)
+        elif message.role == Role.SYSTEM:
+            # A system (developer) turn later in the history, where the client put it.
+            self._open(out, "system", first)
+            out.add(self.tok.encode(message.text()), Provenance.SYSTEM)
         else:
             self._open(out, "user", first)
             for i, b in enumerate(message.blocks):
-                if i:
+                if i and isinstance(b, ToolResultBlock) != isinstance(message.blocks[i - 1], ToolResultBlock):
+                    # Tool results and the user's own words are separate turns in the template.
+                    out.add([self.im_end], Provenance.TEMPLATE)
+                    self._open(out, "user", first=False)
+                elif i:
                     out.add(self._nl, Provenance.TEMPLATE)
                 if isinstance(b, ToolResultBlock):
                     out.add(self.tok.encode("<tool_response>\n"), Provenance.TEMPLATE)
@@ -109,9 +122,9 @@ class Qwen3Template:
         text = ""
         for b in message.blocks:
             if isinstance(b, ThinkingBlock):
-                text += f"<think>\n{b.thinking}\n</think>\n\n"
+                text += f"<think>\n{b.thinking.strip(chr(10))}\n</think>\n\n"
             elif isinstance(b, TextBlock):
-                text += b.text
+                text += b.text.lstrip("\n") if text.endswith("</think>\n\n") else b.text
             elif isinstance(b, ToolUseBlock):
                 call = (
                     '{"name": '
@@ -120,7 +133,7 @@ class Qwen3Template:
                     + b.input_json
                     + "}"
                 )
-                text += ("\n\n" if text else "") + f"<tool_call>\n{call}\n</tool_call>"
+                text += ("\n" if text else "") + f"<tool_call>\n{call}\n</tool_call>"
         out.add(self.tok.encode(text), prov)
 
     def generation_prompt(self, *, thinking: bool) -> Rendered:
@@ -137,3 +150,12 @@ class Qwen3Template:
         self._assistant_body(out, message, Provenance.SAMPLED)
         out.add([self.im_end], Provenance.SAMPLED)
         return out
+
+
+def _definition(tool: ToolSpec) -> dict[str, object]:
+    """A tool as the OpenAI-style definition the template is given; an empty description is left out."""
+    function: dict[str, object] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = json.loads(tool.input_schema_json)
+    return {"type": "function", "function": function}

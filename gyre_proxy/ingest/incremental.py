@@ -135,19 +135,24 @@ def encode_match(template: Qwen3Template, request: ChatRequest, match: Match) ->
     matched, prefix = match.matched, match.prefix
     out = Rendered()
     ends: list[int] = []
+    indexed: list[bytes] = []  # the hashes of the messages in ``ends``
     base = 0 if prefix is None else prefix.offset
+    # Without a system turn the first message opens the context (no newline before it).
+    opens = 1 if not template.has_system(request.system, request.tools) else None
     for i in range(matched, len(messages)):
         if i == 0:
             out_part = template.render_system(request.system, request.tools)
         else:
-            out_part = template.render_message(messages[i], first=False)
+            out_part = template.render_message(messages[i], first=i == opens)
         out.ids.extend(out_part.ids)
         out.prov.extend(out_part.prov)
-        ends.append(base + len(out))
+        if len(out_part):  # a context without a system turn has nothing to index for it
+            ends.append(base + len(out))
+            indexed.append(hashes[i])
     gen = template.generation_prompt(thinking=request.thinking)
     out.ids.extend(gen.ids)
     out.prov.extend(gen.prov)
-    new_hashes = b"".join(hashes[matched:])
+    new_hashes = b"".join(indexed)
     return EncodedRequest(
         prefix=prefix,
         new_ids=np.asarray(out.ids, dtype=np.int32),

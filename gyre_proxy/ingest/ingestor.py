@@ -20,6 +20,7 @@ from gyre_proxy.harness.plugin import CallTraits, HarnessPlugin
 from gyre_proxy.ingest.chat_template import Qwen3Template
 from gyre_proxy.ingest.critiques import CritiqueBook
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash
+from gyre_proxy.ingest.payloads import PayloadCache
 from gyre_store.catalog import CallFinish, ModelCallRecorded, Provenance, TitoArrays
 from gyre_store.log import AppendResult, EventMetadata, NewEvent
 from gyre_store.trees import PrefixPoint, TrajectoryRecorder
@@ -43,19 +44,26 @@ class Ingestor:
         template: Qwen3Template,
         plugin: HarnessPlugin,
         critiques: CritiqueBook | None = None,
+        payloads: PayloadCache | None = None,
     ) -> None:
         self.recorder = recorder
         self.template = template
         self.plugin = plugin
         self.critiques = critiques or CritiqueBook()
+        self.payloads = PayloadCache() if payloads is None else payloads
+
+    def _restored(self, execution_id: str, request: ChatRequest) -> ChatRequest:
+        """Critiques marked, and the sampled payload of every generated tool call put back."""
+        return self.payloads.restore(execution_id, self.critiques.mark(execution_id, request))
 
     def prepare(
         self, execution_id: str, run_id: str, request: ChatRequest, match: Match | None = None
     ) -> Prepared:
         """Match (unless ``match`` is given) and encode ``request``; may read the log.
 
-        A tool result that is a critique the execution asked for is encoded as one."""
-        request = self.critiques.mark(execution_id, request)
+        A tool result that is a critique the execution asked for is encoded as one; tool calls
+        the policy generated are matched and rendered with their payloads as sampled."""
+        request = self._restored(execution_id, request)
         ctx = self.recorder.context(execution_id)
         if match is None:
             match = match_request(ctx, request)
@@ -68,8 +76,9 @@ class Ingestor:
 
         None when the execution's context is not in memory (matching would read the log).
         """
+        request = self._restored(execution_id, request)  # refuses another execution's calls first
         ctx = self.recorder.cached_context(execution_id)
-        return None if ctx is None else match_request(ctx, self.critiques.mark(execution_id, request))
+        return None if ctx is None else match_request(ctx, request)
 
     def input_ids(self, prepared: Prepared, prefix_tokens: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         """The full input for the engine: the stored prefix tokens, then the new ones."""
@@ -146,6 +155,7 @@ class Ingestor:
         )
         if assistant is not None:
             self.plugin.observe_output(prepared.execution_id, assistant)
+            self.payloads.remember(prepared.execution_id, assistant)
         return event, arrays
 
     def record(

@@ -1,4 +1,5 @@
-"""Claude Code itself, unmodified, against the proxy and a reference engine running a script.
+"""Claude Code itself, unmodified, against `gyre proxy serve` and `gyre engine serve` running a
+script, registered with `gyre executions new`, all as processes the way the README says.
 
 The scripted policy makes Claude Code call Bash, Write and the Agent tool (a sub-agent that
 runs in the background), then `/compact` the session. The files appear in the workspace,
@@ -17,11 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gyre_proxy import ProxyConfig, ProxyService, issue_key
-from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
-from gyre_store import PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up
 from gyre_store.catalog import Provenance
-from gyre_store.trees import TreeProjection, TreeView
+from tests.acceptance.conftest import gyre
+from tests.acceptance.processes import engine_and_proxy, settled_records, tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +79,7 @@ def script(workspace: Path) -> dict[str, object]:
     }
 
 
+@pytest.mark.timeout(900)
 def test_claude_code_runs_through_the_proxy_and_its_tree_is_stored(
     tmp_path: Path, fresh_database_url: str
 ) -> None:
@@ -88,21 +88,21 @@ def test_claude_code_runs_through_the_proxy_and_its_tree_is_stored(
     workspace.mkdir()
     home.mkdir()
     (tmp_path / "script.json").write_text(json.dumps(script(workspace)))
-    engine_cfg = ReferenceEngineConfig(
-        source=ModelSource(tokenizer="qwen"), max_context=65536, script=tmp_path / "script.json"
-    )
-    with (
-        PostgresEventLog(StoreConfig(fresh_database_url)) as log,
-        ReferenceEngineServer(engine_cfg) as engine,
-        ProxyService(log, ProxyConfig(engines=[("engine-0", engine.base_url)], context_limit=65536)) as proxy,
-    ):
-        key = issue_key(log, execution_id="cc-1", run_id="cc", harness="claude-code")
+    db = {"GYRE_DATABASE_URL": fresh_database_url}
+    # Started the way the README tells users: engine, proxy and registration as processes.
+    with engine_and_proxy(fresh_database_url, tmp_path / "script.json", "claude-code", tmp_path) as proxy:
+        registered = gyre(
+            "executions", "new", "--json", "--harness", "claude-code", "--run-id", "cc",
+            "--execution-id", "cc-1", "--proxy-url", proxy, env=db,
+        )  # fmt: skip
+        assert registered.returncode == 0, registered.stderr
+        execution = json.loads(registered.stdout)
         env = {
             **os.environ,
             "HOME": str(home),
             "IS_SANDBOX": "1",
-            "ANTHROPIC_BASE_URL": proxy.base_url,
-            "ANTHROPIC_API_KEY": key,
+            "ANTHROPIC_BASE_URL": execution["base_url"],
+            "ANTHROPIC_API_KEY": execution["api_key"],
             "DISABLE_TELEMETRY": "1",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         }
@@ -116,15 +116,14 @@ def test_claude_code_runs_through_the_proxy_and_its_tree_is_stored(
             cwd=workspace, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert compact.returncode == 0, compact.stderr[-2000:]
-        assert proxy.spool.flush(30)
+        recorded = settled_records(fresh_database_url, "cc-1")
 
-        assert (workspace / "a.txt").read_text() == "hello\n"
-        assert (workspace / "b.txt").read_text() == "written by the policy\n"
-
-        p = TreeProjection()
-        store = PostgresProjectionStore(log.pool, {t.name: t for t in p.tables})
-        catch_up(log, store, p)
-        view = TreeView.load(store, "cc-1")
+    assert (workspace / "a.txt").read_text() == "hello\n"
+    assert (workspace / "b.txt").read_text() == "written by the policy\n"
+    view = tree(fresh_database_url, "cc-1")
+    assert len(view.records) == len(recorded)
+    spawned = [e.spawned_by for e in recorded if e.agent_kind == "sub_agent"]
+    assert spawned and all(s is not None and s.startswith("toolu_") for s in spawned)
 
     records = sorted(view.records.values(), key=lambda r: r.seq)
     mains = [r for r in records if r.agent_kind == "main"]

@@ -65,3 +65,21 @@ def test_a_run_on_the_embedded_default(tmp_path: Path) -> None:
     tail = gyre("events", "tail", "-n", "3", "--json", "--data-dir", str(data))
     assert tail.returncode == 0, tail.stderr
     assert any(summary["run_id"] in line for line in tail.stdout.splitlines())
+
+
+def test_executions_new_for_codex_prints_the_key_base_url_and_config(fresh_database_url: str) -> None:
+    import tomllib
+
+    out = gyre(
+        "executions", "new", "--harness", "codex", "--execution-id", "cx-9", "--proxy-url", "http://127.0.0.1:8123",
+        env={"GYRE_DATABASE_URL": fresh_database_url},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "base URL http://127.0.0.1:8123/v1" in out.stdout
+    key = out.stdout.split("GYRE_API_KEY=", 1)[1].split()[0]
+    assert key.startswith("gyre-")
+    block = out.stdout.split("config.toml:", 1)[1]
+    config = tomllib.loads(block)
+    assert config["model_providers"]["gyre"]["base_url"] == "http://127.0.0.1:8123/v1"
+    assert config["model_providers"]["gyre"]["wire_api"] == "responses"
+    assert key not in block  # the key stays in the environment, never in the file

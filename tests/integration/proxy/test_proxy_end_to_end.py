@@ -119,6 +119,47 @@ def test_anthropic_sdk_tool_loop_is_recorded_and_rebuilt_exactly(proxy: ProxySer
     assert np.all(np.isfinite(lp)) and np.all(lp <= 0) and len(out) == second.usage.output_tokens
 
 
+def test_openai_responses_tool_loop_reuses_the_stored_output_and_refuses_foreign_calls(
+    proxy: ProxyService,
+) -> None:
+    key = issue_key(proxy.log, execution_id="ex1", run_id="run1", harness="codex")
+    other = issue_key(proxy.log, execution_id="ex2", run_id="run1", harness="codex")
+    tools: Any = [{"type": "function", "name": "Bash", "description": "run a command",
+                   "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]  # fmt: skip
+    client = openai.OpenAI(base_url=proxy.base_url + "/v1", api_key=key, max_retries=0)
+    history: list[Any] = [{"role": "developer", "content": "You are a coding agent."},
+                          {"role": "user", "content": "What is in this folder?"}]  # fmt: skip
+    first = client.responses.create(model="gyre", input=history, tools=tools, store=False)
+    call = next(o for o in first.output if o.type == "function_call")
+    assert call.name == "Bash" and json.loads(call.arguments) == {"command": "ls -la"}
+    # The client sends the call back rewritten (a default field added, compact): only the
+    # payload cache, which puts the sampled arguments back by call id, lets it match.
+    items = [o.model_dump(exclude_none=True) for o in first.output]
+    for item in items:
+        if item["type"] == "function_call":
+            item["arguments"] = '{"command":"ls -la","workdir":null}'
+    history += [*items, {"type": "function_call_output", "call_id": call.call_id, "output": "a.py\nb.py"}]
+    with client.responses.stream(model="gyre", input=history, tools=tools) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        second = stream.get_final_response()
+    assert text.startswith("The files are listed above.") and second.status == "completed"
+    intruder = openai.OpenAI(base_url=proxy.base_url + "/v1", api_key=other, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="generated for another execution"):
+        intruder.responses.create(model="gyre", input=history, tools=tools)
+    client.close()
+    intruder.close()
+
+    view = tree(proxy, "ex1")
+    records = sorted(view.records.values(), key=lambda r: r.seq)
+    assert len(records) == 2
+    first_full = np.concatenate(
+        [view.input_of(records[0].request_id)[0], view.output_of(records[0].request_id)[0]]
+    )
+    np.testing.assert_array_equal(view.input_of(records[1].request_id)[0][: len(first_full)], first_full)
+    assert list(proxy.log.read_stream(StreamId("calls", "ex2"))) == []
+    assert proxy.ingestor.payloads.restored >= 1
+
+
 def test_openai_sdk_streaming_and_unknown_or_revoked_keys(proxy: ProxyService) -> None:
     key = issue_key(proxy.log, execution_id="ex2", run_id="run1", harness="openai")
     client = openai.OpenAI(base_url=proxy.base_url + "/v1", api_key=key, max_retries=0)

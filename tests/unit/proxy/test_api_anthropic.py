@@ -142,7 +142,8 @@ def test_blocks_tools_and_sampling_options_are_translated() -> None:
             ],
         )
     )
-    # The tool input must come through as the exact text the client sent, spacing and all.
+    # The tool input is an object: it is written as Qwen3's template writes an arguments object
+    # (json.dumps), whatever spacing the client sent it with.
     request = parse(raw.replace('{"command": "ls", "n": 1}', '{"command":  "ls",   "n": 1}').encode())
     assert (request.max_tokens, request.temperature, request.top_p) == (321, 0.5, 0.9)
     assert request.stop == ("END",) and request.thinking and request.model == "claude-test"
@@ -150,7 +151,7 @@ def test_blocks_tools_and_sampling_options_are_translated() -> None:
     assistant, result = request.messages[1], request.messages[2]
     assert assistant.blocks == (
         ThinkingBlock("use ls", "sig"),
-        ToolUseBlock("toolu_1", "Bash", '{"command":  "ls",   "n": 1}'),
+        ToolUseBlock("toolu_1", "Bash", '{"command": "ls", "n": 1}'),
     )
     assert result.blocks == (ToolResultBlock("toolu_1", "a.txt\nb.txt"), TextBlock(IMAGE_PLACEHOLDER))
 

@@ -1,0 +1,103 @@
+"""gyre's servers as a user starts them: `gyre engine serve` and `gyre proxy serve` processes,
+ready once their /health answers, stopped on the way out; and reading what they stored.
+The harness tests share them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from gyre_proxy.hosting import free_port
+from gyre_store import InMemoryProjectionStore, PostgresEventLog, StoreConfig, catch_up
+from gyre_store.catalog import ModelCallRecorded
+from gyre_store.log import StreamId
+from gyre_store.trees import TreeProjection, TreeView
+from tests.acceptance.conftest import ROOT
+
+
+@contextmanager
+def gyre_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``gyre ARGS --port P`` (a server command) in a subprocess; yields its base URL."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
+    base.update(env or {})
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gyre_tools.cli", *args, "--port", str(port)],
+            cwd=ROOT, env=base, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None, f"gyre {args[0]} exited: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"gyre {args[0]} never answered: {log.read_text()[-2000:]}"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(20)
+
+
+@contextmanager
+def engine_and_proxy(database_url: str, script: Path, harness: str, logs: Path) -> Iterator[str]:
+    """`gyre engine serve` with a scripted policy over the Qwen vocabulary and `gyre proxy serve`
+    for ``harness`` in front of it, on ``database_url``; yields the proxy's URL."""
+    engine_args = [
+        "engine",
+        "serve",
+        "--tokenizer",
+        "qwen",
+        "--max-context",
+        "65536",
+        "--script",
+        str(script),
+    ]
+    with gyre_server(engine_args, logs / "engine.log") as engine:
+        proxy_args = ["proxy", "serve", "--engine", f"engine-0={engine}", "--harness", harness,
+                      "--context-limit", "65536"]  # fmt: skip
+        with gyre_server(proxy_args, logs / "proxy.log", {"GYRE_DATABASE_URL": database_url}) as proxy:
+            yield proxy
+
+
+def settled_records(database_url: str, execution_id: str) -> list[ModelCallRecorded]:
+    """The execution's records once no new one has arrived for 2 s (the proxy writes off the path)."""
+    seen, since = -1, time.monotonic()
+    deadline = since + 60
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        while True:
+            calls = [
+                e.event
+                for e in log.read_stream(StreamId("calls", execution_id))
+                if isinstance(e.event, ModelCallRecorded)
+            ]
+            if len(calls) != seen:
+                seen, since = len(calls), time.monotonic()
+            elif time.monotonic() - since > 2 or time.monotonic() > deadline:
+                return calls
+            time.sleep(0.2)
+
+
+def tree(database_url: str, execution_id: str) -> TreeView:
+    projection = TreeProjection()
+    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        catch_up(log, store, projection)
+    return TreeView.load(store, execution_id)
