@@ -40,7 +40,7 @@ max_tokens = 32
 [tasks]
 train = 8
 heldout = 3
-budget_s = 60
+budget_s = 150  # generous: a loaded machine slows the first answer, never the audit
 """
 
 
