@@ -21,9 +21,10 @@ the same run. It is read for both the first token and the end of the answer.
    of input ids to the engine's ``/generate``; proxied: Anthropic Messages to
    ``gyre proxy serve`` (``--workers`` processes). Bodies are serialized before the clock
    starts in both arms.
-2. ``workers``: requests per second of a closed loop (128 clients, the next request at
-   once, answers of a few tokens in one chunk) through ``gyre proxy serve --workers 1`` and
-   ``--workers 2``, beside the engine straight.
+2. ``workers``: requests per second of a closed loop (128 clients, each on its own
+   connection as a harness process is, the next request at once, answers of a few tokens in
+   one chunk) through ``gyre proxy serve --workers 1`` and ``--workers 2``, beside the
+   engine straight.
 3. ``encode``: incremental encoding of a 100,000-token history that grew by one tool result,
    against encoding the whole history.
 4. ``closed-loop`` and ``harness-load`` (not run by default; earlier figures were printed by
@@ -500,22 +501,37 @@ def proxy_process(
 
 
 async def drive(
-    clients: int, requests: int, one: object, *, think_s: float = 0.0, jitter: float = 0.0, seed: int = 0
+    clients: int,
+    requests: int,
+    one: object,
+    *,
+    think_s: float = 0.0,
+    jitter: float = 0.0,
+    seed: int = 0,
+    own_connections: bool = False,
 ) -> tuple[list[float], float]:
     """Latencies of ``clients`` x ``requests`` calls of ``one``, and the seconds they took.
 
     With ``think_s`` each client starts at a random point of one pause and pauses
     ``think_s`` x uniform(1 - jitter, 1 + jitter) after every answer, as a harness does while
-    it runs tools; without it the loop is closed (the next request follows at once).
+    it runs tools; without it the loop is closed (the next request follows at once). With
+    ``own_connections`` each client keeps its own connection, as each harness process does;
+    otherwise all share one pool.
     """
     latencies: list[float] = []
     rng = random.Random(seed)
-    # aiohttp, not httpx: with 128 pooled connections httpx's pool costs the client process
-    # milliseconds of CPU per request, which competes with the proxy for the same cores.
-    connector = aiohttp.TCPConnector(limit=clients + 8)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
+    timeout = aiohttp.ClientTimeout(total=120)
 
-        async def client(i: int) -> None:
+    def session(limit: int) -> aiohttp.ClientSession:
+        # aiohttp, not httpx: with 128 pooled connections httpx's pool costs the client process
+        # milliseconds of CPU per request, which competes with the proxy for the same cores.
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit), timeout=timeout)
+
+    shared = None if own_connections else session(clients + 8)
+
+    async def client(i: int) -> None:
+        http = shared or session(1)
+        try:
             if think_s:
                 await asyncio.sleep(rng.uniform(0, think_s))
             for r in range(requests):
@@ -524,10 +540,17 @@ async def drive(
                 latencies.append(time.perf_counter() - t)
                 if think_s:
                     await asyncio.sleep(think_s * rng.uniform(1 - jitter, 1 + jitter))
+        finally:
+            if shared is None:
+                await http.close()
 
-        began = time.perf_counter()
+    began = time.perf_counter()
+    try:
         await asyncio.gather(*(client(i) for i in range(clients)))
-        return latencies, time.perf_counter() - began
+    finally:
+        if shared is not None:
+            await shared.close()
+    return latencies, time.perf_counter() - began
 
 
 @dataclass(frozen=True)
@@ -600,13 +623,17 @@ class InstantLoad:
             assert resp.status == 200, resp.status
         msgs.append({"role": "assistant", "content": "OK."})
 
-    def measure(self, proxy_pid: int, requests: int, **pace: float) -> Arm:
+    def measure(self, proxy_pid: int, requests: int, own_connections: bool = False, **pace: float) -> Arm:
         """Both arms at one load, direct first: latencies, rates and CPU per request."""
         engine_cpu = cpu_seconds(self.engine_pid)
-        d, d_s = asyncio.run(drive(self.clients, requests, self.direct, **pace))
+        d, d_s = asyncio.run(
+            drive(self.clients, requests, self.direct, own_connections=own_connections, **pace)
+        )
         engine_ms = (cpu_seconds(self.engine_pid) - engine_cpu) / len(d) * 1e3
         proxy_cpu = tree_cpu_seconds(proxy_pid)
-        p, p_s = asyncio.run(drive(self.clients, requests, self.proxied, **pace))
+        p, p_s = asyncio.run(
+            drive(self.clients, requests, self.proxied, own_connections=own_connections, **pace)
+        )
         proxy_ms = (tree_cpu_seconds(proxy_pid) - proxy_cpu) / len(p) * 1e3
         return Arm(d, p, len(d) / d_s, len(p) / p_s, engine_ms, proxy_ms)
 
@@ -628,7 +655,7 @@ def run_instant(args: argparse.Namespace, env: dict[str, str], table: Table, mod
                 load = InstantLoad(env, eport, engine.pid, args.clients, f"workers-{workers}")
                 with proxy_process(env, eport, workers) as (proxy, load.pport):
                     load.warm()
-                    arm = load.measure(proxy.pid, args.requests)
+                    arm = load.measure(proxy.pid, args.requests, own_connections=True)
                 rates[workers] = arm
                 table.add_row(
                     f"closed loop, --workers {workers}: requests per second",
