@@ -202,6 +202,16 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_times() -> tuple[int, int]:
+    """The machine's stolen and total CPU ticks so far (Linux /proc/stat; zeros elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks[:8])
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU time of ``pid`` and its live children (the workers of ``gyre proxy serve``)."""
     total = cpu_seconds(pid)
@@ -244,14 +254,22 @@ class StreamRun:
     window_s: float
     tokens: int  # answer tokens the clients received inside the window's calls
     cpu_s: float  # CPU seconds of the engine (direct) or the proxy (proxied) over the window
+    steal: float  # the share of the machine's CPU time its hypervisor took over the window
+    load: float  # the 1-minute load average as the window closed
 
 
 def history_text(tokens: int) -> str:
     """Prose of about ``tokens`` Qwen tokens (words from the trace generator's vocabulary)."""
+    from gyre_proxy.engines import qwen_tokenizer
     from gyre_proxy.ingest.tracegen import WORDS
 
-    rng = random.Random(tokens)
-    return " ".join(rng.choice(WORDS) for _ in range(int(tokens * 0.8)))
+    def prose(words: int) -> str:
+        rng = random.Random(tokens)
+        return " ".join(rng.choice(WORDS) for _ in range(words))
+
+    # Words per token, measured on a sample, then the length that hits the size.
+    sample = prose(2000)
+    return prose(round(tokens * 2000 / len(qwen_tokenizer().encode(sample))))
 
 
 def answer_text(sse: bytes) -> tuple[str, int]:
@@ -308,19 +326,28 @@ async def stream_arm(
                     if warmed == clients:  # every execution is warm: open the window
                         window.append(time.perf_counter())
                         cpu_at.append(cpu())
-                        loop.call_later(duration_s, lambda: cpu_at.append(cpu()))
+                        machine.append(cpu_times())
+
+                        def close() -> None:
+                            cpu_at.append(cpu())
+                            machine.append(cpu_times())
+
+                        loop.call_later(duration_s, close)
                         progress.reset(task, total=None, description=f"{label}: {duration_s:.0f} s window")
 
         cpu_at: list[float] = []  # the CPU seconds when the window opens and closes
+        machine: list[tuple[int, int]] = []  # the machine's (steal, total) CPU ticks, likewise
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(client(i) for i in range(clients)))
         cpu_s = cpu_at[1] - cpu_at[0]
     progress.remove_task(task)
     lo, hi = window[0], window[0] + duration_s
     busy = sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in intervals)
+    (steal0, total0), (steal1, total1) = machine
     return StreamRun(
-        [c for c, _ in counted], busy / duration_s, duration_s, sum(n for _, n in counted), cpu_s
-    )
+        [c for c, _ in counted], busy / duration_s, duration_s, sum(n for _, n in counted), cpu_s,
+        (steal1 - steal0) / max(total1 - total0, 1), os.getloadavg()[0],
+    )  # fmt: skip
 
 
 def stream_size(
@@ -470,6 +497,13 @@ def add_stream_rows(
         f"{len(d.calls)}, {d.tokens / d.window_s:,.0f}",
         "",
         "report",
+    )
+    table.add_row(
+        f"{mode}: machine: CPU stolen by the hypervisor, load average",
+        f"{p.steal:.0%}, {p.load:.1f}",
+        f"{d.steal:.0%}, {d.load:.1f}",
+        "",
+        f"report ({os.cpu_count()} cores)",
     )
     table.add_row(
         f"{mode}: CPU per call / per token (ms)",
