@@ -127,6 +127,8 @@ class AnswerPipeline:
             await asyncio.to_thread(self.spool.flush)
         self._seqs.pop(execution_id, None)
         self.ingestor.recorder.forget(execution_id)
+        # Critiques it asked for through another process are marked as critiques here too.
+        await asyncio.to_thread(self.ingestor.critiques.refresh, execution_id)
 
     def _remember(self, execution_id: str, request_id: str, full: npt.NDArray[np.int32]) -> None:
         seqs = self._seqs.setdefault(execution_id, _Sequences()).by_request

@@ -79,7 +79,7 @@ class ProxyService:
         self.ingestor = Ingestor(
             recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness), self.critiques
         )
-        self.evaluations = LogEvaluations(log, self.critiques)
+        self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
         self.pipeline = AnswerPipeline(
             self.ingestor, self.router, self.spool, context_limit=config.context_limit, sync=sync
         )
