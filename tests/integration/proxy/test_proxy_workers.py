@@ -152,3 +152,44 @@ def test_one_execution_continues_across_two_workers(
             assert call.prefix_of == previous, (k, served_by)
             assert call.prefix_len == lengths[previous], (k, served_by)
         lengths[call.request_id] = call.prefix_len + arrays.input_len + arrays.output_len
+
+
+def health_workers(base_url: str, want: int, timeout_s: float = 120) -> set[str]:
+    """The ``worker pid`` values of ``want`` distinct answers to /health, each on a new connection."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < want:
+        assert time.monotonic() < deadline, seen
+        try:
+            with httpx.Client() as http:
+                seen.add(http.get(f"{base_url}/health", timeout=1).headers[WORKER_HEADER])
+        except httpx.TransportError:
+            time.sleep(0.2)
+    return seen
+
+
+def test_a_killed_worker_is_started_again(
+    workers: tuple[str, subprocess.Popen[bytes]], database_url: str
+) -> None:
+    base_url, _ = workers
+    before = dict(s.split() for s in health_workers(base_url, 2))
+    os.kill(int(before["worker-0"]), signal.SIGKILL)
+    # The supervisor starts worker 0 again: a new pid answers under the same name.
+    deadline = time.monotonic() + 120
+    while True:
+        now = dict(s.split() for s in health_workers(base_url, 1))
+        if now.get("worker-0", before["worker-0"]) != before["worker-0"]:
+            break
+        assert time.monotonic() < deadline, "worker 0 was not started again"
+        time.sleep(0.5)
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        key = issue_key(log, execution_id="ex-respawn", run_id="workers-run", harness="claude-code")
+    for _ in range(4):  # on new connections, so the restarted worker gets some of them
+        with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
+            answer = client.messages.create(
+                model="gyre",
+                max_tokens=200,
+                tools=TOOLS,
+                messages=[{"role": "user", "content": "Go."}],  # type: ignore[arg-type]
+            )
+        assert answer.stop_reason == "tool_use"
