@@ -24,11 +24,21 @@ from gyre_proxy.exceptions import (
     Unauthorized,
 )
 from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness, HarnessPlugin
-from gyre_proxy.hosting import ServerThread, free_port
+from gyre_proxy.hosting import ServerThread, free_port, reuseport_socket
 from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool, TraceConfig, TraceGenerator
-from gyre_proxy.service import ProxyConfig, ProxyService, StoreKeys, issue_key, revoke_key
+from gyre_proxy.service import (
+    WORKER_HEADER,
+    ProxyConfig,
+    ProxyService,
+    StoreKeys,
+    WorkerSync,
+    WorkerTable,
+    issue_key,
+    revoke_key,
+)
 
 __all__ = [
+    "WORKER_HEADER",
     "AnswerPipeline",
     "Answerer",
     "ApiError",
@@ -60,9 +70,12 @@ __all__ = [
     "TraceConfig",
     "TraceGenerator",
     "Unauthorized",
+    "WorkerSync",
+    "WorkerTable",
     "build_app",
     "free_port",
     "issue_key",
     "proxy_server",
+    "reuseport_socket",
     "revoke_key",
 ]

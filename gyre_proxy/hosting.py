@@ -22,6 +22,24 @@ from gyre_proxy.exceptions import ServerStartError
 DEFAULT_KEEP_ALIVE_S = 5
 
 
+def reuseport_socket(host: str, port: int, *, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on ``host:port`` with ``SO_REUSEPORT``: several processes each open
+    one on the same port and the kernel spreads new connections over them."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise ServerStartError("several workers on one port need SO_REUSEPORT, which this OS lacks")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ServerStartError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -32,6 +50,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerThread:
     """``app`` on ``http://host:port``, served by uvicorn from a daemon thread.
 
+    With ``sock`` (a listening socket) it serves there instead of binding ``host:port``.
     Entering starts the thread and waits until the server accepts connections (at most
     ``startup_timeout_s``), raising ``ServerStartError`` naming ``name`` if it does not;
     leaving asks uvicorn to shut down gracefully and joins the thread.
@@ -47,9 +66,13 @@ class ServerThread:
         startup_timeout_s: float = 10.0,
         lifespan: Literal["on", "off"] = "on",
         keep_alive_s: int = DEFAULT_KEEP_ALIVE_S,
+        sock: socket.socket | None = None,
     ) -> None:
         self.name = name
         self.host = host
+        if sock is not None:  # a listening socket made by the caller (shared with other processes)
+            host, port = sock.getsockname()[:2]
+            self.host = host
         self.port = port or free_port(host)
         self._startup_timeout_s = startup_timeout_s
         config = uvicorn.Config(
@@ -62,7 +85,10 @@ class ServerThread:
         )
         self._server = uvicorn.Server(config)
         thread_name = "gyre-" + name.removeprefix("the ").replace(" ", "-")
-        self._thread = threading.Thread(target=self._server.run, name=thread_name, daemon=True)
+        sockets = None if sock is None else [sock]
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": sockets}, name=thread_name, daemon=True
+        )
 
     @property
     def base_url(self) -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from gyre_tools.cli import add_env_argument
 
+NO_CONTEXT_CAP = 1 << 30
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     engine = subparsers.add_parser("engine", help="gyre's reference inference engine")
@@ -37,15 +39,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tokenizer",
         "GYRE_ENGINE_TOKENIZER",
         default="auto",
-        help="qwen: the Qwen3.5/3.6 vocabulary the proxy uses (and a tiny model over it); auto: model dir or bytes",
+        help="qwen: the Qwen3.5/3.6 vocabulary the proxy uses (and a tiny model over it); byte; auto: the "
+        "model dir's tokenizer.json, else qwen for the built-in model (what gyre proxy serve sends), else byte",
     )
     add_env_argument(
         serve,
         "--max-context",
         "GYRE_ENGINE_MAX_CONTEXT",
-        default="2048",
+        default="0",
         type=int,
-        help="context length in tokens",
+        help="context length in tokens; 0: the model's own limit (65,536 for the built-in model)",
     )
     add_env_argument(
         serve,
@@ -85,14 +88,22 @@ def run_serve(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         print(f"gyre engine serve: --model-config is not JSON: {exc}")
         return 2
+    if args.max_context < 0:
+        print("gyre engine serve: --max-context must be 0 (the model's limit) or more")
+        return 2
+    tokenizer = args.tokenizer
+    if tokenizer == "auto" and not args.model_dir and config_json is None:
+        # With its defaults the engine must take what `gyre proxy serve` sends: Qwen token ids.
+        tokenizer = "qwen"
     config = ReferenceEngineConfig(
         source=ModelSource(
             config=config_json,
             model_dir=Path(args.model_dir) if args.model_dir else None,
             seed=args.seed,
-            tokenizer=args.tokenizer,
+            tokenizer=tokenizer,
         ),
-        max_context=args.max_context,
+        # 0: as long as the model's positions reach (the engine takes the smaller of the two).
+        max_context=args.max_context or NO_CONTEXT_CAP,
         seed=args.seed,
         weight_version=args.weight_version,
         script=Path(args.script) if args.script else None,

@@ -5,10 +5,24 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
-from gyre_proxy import ProxyConfig, ProxyService, issue_key
+from gyre_proxy import (
+    ProxyConfig,
+    ProxyService,
+    WorkerSync,
+    WorkerTable,
+    issue_key,
+    reuseport_socket,
+)
 from gyre_proxy.harness import CODEX_KEY_ENV, provider_config
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
@@ -64,6 +78,17 @@ def register(subparsers: Any) -> None:
         type=int,
         help="largest input in tokens",
     )
+    add_env_argument(
+        serve,
+        "--workers",
+        "GYRE_PROXY_WORKERS",
+        default="1",
+        type=int,
+        help="processes sharing the port (SO_REUSEPORT); any of them serves any execution",
+    )
+    # Set by `--workers N` on the processes it starts.
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-table", help=argparse.SUPPRESS)
     serve.set_defaults(func=run_serve)
 
     executions = subparsers.add_parser("executions", help="register executions for harnesses")
@@ -112,6 +137,10 @@ def tune_gc(threshold: int) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.worker_index is None and args.workers > 1:
+        return supervise(args)
+    if args.workers < 1:
+        raise SystemExit("gyre proxy serve: --workers must be at least 1")
     config = ProxyConfig(
         engines=_engines(args),
         model_name=args.model_name,
@@ -122,15 +151,94 @@ def run_serve(args: argparse.Namespace) -> int:
         run_id=args.run,
     )
     stop = threading.Event()
-    with open_store(args) as opened, ProxyService(opened.log, config) as service:
-        if args.gc_threshold > 0:
-            tune_gc(args.gc_threshold)
-        threading.Thread(target=service.follow, args=(stop,), daemon=True).start()
-        console.print(f"gyre proxy on {service.base_url} -> {', '.join(n for n, _ in config.engines)}")
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
+    sock = sync = worker = table = None
+    if args.worker_index is not None:
+        table = WorkerTable(Path(args.worker_table), workers=args.workers, index=args.worker_index)
+        table.recover()
+        sync = WorkerSync(table)
+        sock = reuseport_socket(args.host, args.port)
+        worker = f"worker-{args.worker_index}"
+    try:
+        with (
+            open_store(args) as opened,
+            ProxyService(opened.log, config, sock=sock, sync=sync, worker=worker) as service,
+        ):
+            if args.gc_threshold > 0:
+                tune_gc(args.gc_threshold)
+            follower = threading.Thread(target=service.follow, args=(stop,), daemon=True)
+            follower.start()
+            engines = ", ".join(n for n, _ in config.engines)
+            who = "" if worker is None else f" ({worker}, pid {os.getpid()})"
+            console.print(f"gyre proxy on {service.base_url}{who} -> {engines}")
+            parent = os.getppid()
+            try:
+                # A worker also stops when the process that started it is gone.
+                while not stop.wait(1.0):
+                    if worker is not None and os.getppid() != parent:
+                        break
+            except KeyboardInterrupt:
+                pass
             stop.set()
+            follower.join(timeout=5)  # it reads the log, which closes next
+    finally:
+        if table is not None:
+            table.close()
+    return 0
+
+
+def supervise(args: argparse.Namespace) -> int:
+    """`--workers N`: start N worker processes on the port and keep them running.
+
+    Each worker opens its own SO_REUSEPORT socket on the port, so the kernel spreads new
+    connections over them; they share a table of counters (``gyre_proxy.WorkerTable``) in a
+    file that lives as long as this process. A worker that dies is started again; SIGINT or
+    SIGTERM stops them all (each writes its spooled records first).
+    """
+    if args.port == 0:
+        raise SystemExit("gyre proxy serve: --workers needs a fixed --port")
+    shm = Path("/dev/shm")
+    fd, name = tempfile.mkstemp(prefix="gyre-proxy-workers-", dir=shm if shm.is_dir() else None)
+    os.close(fd)
+    table = Path(name)
+    WorkerTable.create(table, workers=args.workers)
+    stopping = threading.Event()
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "gyre_tools.cli", *sys.argv[1:]]
+        # A session of its own: a terminal's Ctrl-C reaches this process, which stops them in order.
+        return subprocess.Popen(
+            [*argv, "--worker-index", str(index), "--worker-table", str(table)], start_new_session=True
+        )
+
+    def stop(signum: int, frame: object) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    workers = [start(i) for i in range(args.workers)]
+    console.print(
+        f"gyre proxy: {args.workers} workers on http://{args.host}:{args.port} (pids {', '.join(str(w.pid) for w in workers)})"
+    )
+    try:
+        while not stopping.wait(0.5):
+            for i, worker in enumerate(workers):
+                if worker.poll() is not None and not stopping.is_set():
+                    console.print(
+                        f"gyre proxy: worker {i} (pid {worker.pid}) exited with {worker.returncode}; starting it again"
+                    )
+                    time.sleep(1.0)
+                    workers[i] = start(i)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGINT)
+        for worker in workers:
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        table.unlink(missing_ok=True)
     return 0
 
 

@@ -16,7 +16,7 @@ from gyre_proxy.answer.machine import (
     StopEngine,
 )
 from gyre_proxy.answer.output_parser import OutputParser, parse_output, parse_tool_call, stop_reason_for
-from gyre_proxy.answer.pipeline import AnswerPipeline
+from gyre_proxy.answer.pipeline import AnswerPipeline, ExecutionSync
 from gyre_proxy.answer.routing import Binding, Lookup, RoutedEngine, Router
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "AnswerPipeline",
     "Attempt",
     "Binding",
+    "ExecutionSync",
     "GiveUp",
     "Lookup",
     "OutputParser",

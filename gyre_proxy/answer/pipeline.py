@@ -17,6 +17,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +48,23 @@ from gyre_store.log import StreamId
 from gyre_store.trees import TrajectoryRecorder
 
 
+class ExecutionSync(Protocol):
+    """Coherence between proxy processes serving the same executions (``service/workers.py``)."""
+
+    async def fresh(self, execution_id: str) -> bool:
+        """False when another process recorded a call of the execution since this one last
+        served it (once those records are in the log): the caches must be dropped."""
+        ...
+
+    def staged(self, execution_id: str) -> None:
+        """This process staged a record of the execution."""
+        ...
+
+    def written(self, execution_id: str) -> None:
+        """This process's spool wrote (or dropped) a record of the execution."""
+        ...
+
+
 @dataclass
 class _Sequences:
     """Full token sequences (input + output) of an execution's recent records."""
@@ -67,6 +85,7 @@ class AnswerPipeline:
         keep_sequences: int = 8,
         max_executions: int = 4096,
         inline_chars: int = 8192,
+        sync: ExecutionSync | None = None,
     ) -> None:
         self.ingestor = ingestor
         self.router = router
@@ -75,6 +94,7 @@ class AnswerPipeline:
         self.keep_sequences = keep_sequences
         self.max_executions = max_executions
         self.inline_chars = inline_chars
+        self.sync = sync
         self.prepared_inline = 0  # requests encoded on the event loop (the rest went to a thread)
         self._seqs: dict[str, _Sequences] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -100,6 +120,16 @@ class AnswerPipeline:
             self._seqs.pop(oldest, None)
             self.ingestor.recorder.forget(oldest)
             self.ingestor.payloads.forget(oldest)
+
+    async def _reload(self, execution_id: str) -> None:
+        """Drop the execution's caches (another process recorded calls of it); they are read
+        back from the log when next used. This process's own records of it go first."""
+        if self.spool.pending_for(execution_id):
+            await asyncio.to_thread(self.spool.flush)
+        self._seqs.pop(execution_id, None)
+        self.ingestor.recorder.forget(execution_id)
+        # Critiques it asked for through another process are marked as critiques here too.
+        await asyncio.to_thread(self.ingestor.critiques.refresh, execution_id)
 
     def _remember(self, execution_id: str, request_id: str, full: npt.NDArray[np.int32]) -> None:
         seqs = self._seqs.setdefault(execution_id, _Sequences()).by_request
@@ -192,6 +222,8 @@ class AnswerPipeline:
         through the machine, and carry out the machine's effects (events to the harness,
         engine aborts, reroutes, records staged with their timings)."""
         ex = execution.execution_id
+        if self.sync is not None and not await self.sync.fresh(ex):
+            await self._reload(ex)
         self._touch(ex)
         prepared, input_ids = await self._prepare(execution, request)
         n_in = int(input_ids.shape[0])
@@ -277,6 +309,8 @@ class AnswerPipeline:
         )
         # The attempt's full sequence is the input and every token up to its end: no lookup.
         self._remember(staged.prepared.execution_id, staged.request_id, staged.sequence)
+        if self.sync is not None:  # counted before the harness can see the answer's end
+            self.sync.staged(staged.prepared.execution_id)
         self.spool.submit(record)
 
 

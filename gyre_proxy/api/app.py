@@ -8,7 +8,9 @@ to engines, recording and the rest of the proxy's work live behind the answerer,
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -87,7 +89,10 @@ def build_app(
     )
 
 
-def proxy_server(app: Starlette, *, host: str = "127.0.0.1", port: int | None = None) -> ServerThread:
-    """``app`` (from ``build_app``) to serve on ``http://host:port`` from a thread, entered
-    as a context manager; its idle connections outlive the clients' (``KEEP_ALIVE_S``)."""
-    return ServerThread(app, name="the proxy", host=host, port=port, keep_alive_s=KEEP_ALIVE_S)
+def proxy_server(
+    app: Any, *, host: str = "127.0.0.1", port: int | None = None, sock: socket.socket | None = None
+) -> ServerThread:
+    """``app`` (from ``build_app``) to serve on ``http://host:port`` (or on the listening
+    ``sock``) from a thread, entered as a context manager; its idle connections outlive the
+    clients' (``KEEP_ALIVE_S``)."""
+    return ServerThread(app, name="the proxy", host=host, port=port, keep_alive_s=KEEP_ALIVE_S, sock=sock)

@@ -9,6 +9,7 @@ nothing of either API's event names.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -49,38 +50,77 @@ class Pulse(enum.Enum):
 class EventPump(Generic[T]):
     """Reads an async iterator with a timeout that does not disturb it.
 
-    ``asyncio.wait_for(anext(it))`` would cancel the generator on every timeout; here the
-    pending ``anext`` runs in a task that survives timeouts and is only cancelled by
-    ``aclose``. Exceptions from the source propagate out of ``next``.
+    ``asyncio.wait_for(anext(it))`` would cancel the generator on every timeout; here one
+    reader task per stream pulls the next item when ``next`` asks for it, and a timeout
+    leaves that read in flight; only ``aclose`` cancels it. As with a read per call, the
+    source never runs ahead of what was asked. Exceptions from the source propagate out of
+    ``next``. One task per stream, not one per item: a task and an ``asyncio.wait`` per
+    streamed token cost about a tenth of the proxy's event loop at 128 streams
+    (benchmarks/bench_proxy.py).
     """
 
     def __init__(self, source: AsyncIterator[T]) -> None:
         self._source = source
-        self._pending: asyncio.Task[T | Pulse] | None = None
+        self._items: collections.deque[T | Pulse | _Raised] = collections.deque()
+        self._reader: asyncio.Task[None] | None = None
+        self._reading = False  # a read was asked for and has not delivered yet
+        self._wanted: asyncio.Future[None] | None = None  # the idle reader waits on it
+        self._waiter: asyncio.Future[None] | None = None  # ``next`` waits on it
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
 
-    async def _advance(self) -> T | Pulse:
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            return await anext(self._source)
-        except StopAsyncIteration:
-            return Pulse.END
+            while True:
+                if not self._reading:
+                    self._wanted = loop.create_future()
+                    await self._wanted
+                try:
+                    item: T | Pulse | _Raised = await anext(self._source)
+                except StopAsyncIteration:
+                    item = Pulse.END
+                self._reading = False
+                self._push(item)
+                if item is Pulse.END:
+                    return
+        except Exception as exc:  # handed to ``next``; cancellation is not caught
+            self._reading = False
+            self._push(_Raised(exc))
+
+    def _push(self, item: T | Pulse | _Raised) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def next(self, timeout_s: float | None) -> T | Pulse:
         """The next item, ``Pulse.TICK`` after ``timeout_s`` of silence, or ``Pulse.END``."""
         if self._closed:
             return Pulse.END
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(self._advance())
-        task = self._pending
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        if not done:
-            return Pulse.TICK
-        if self._pending is task:
-            self._pending = None
-        if task.cancelled() and self._closed:
-            return Pulse.END  # closed (by the client going away) while this read waited
-        item = task.result()
+        if not self._items:
+            if not self._reading:
+                self._reading = True
+                if self._reader is None:
+                    self._reader = asyncio.ensure_future(self._read())
+                elif self._wanted is not None and not self._wanted.done():
+                    self._wanted.set_result(None)
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if self._closed:
+                return Pulse.END  # closed (by the client going away) while this read waited
+            if not self._items:
+                return Pulse.TICK
+        item = self._items.popleft()
+        if isinstance(item, _Raised):
+            self._closed = True
+            raise item.error
         if item is Pulse.END:
             self._closed = True
         return item
@@ -103,16 +143,32 @@ class EventPump(Generic[T]):
             self._closing.set_result(None)
 
     async def _close(self) -> None:
-        pending, self._pending = self._pending, None
+        reader, self._reader = self._reader, None
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
         with anyio.CancelScope(shield=True):
-            if pending is not None and not pending.done():
-                pending.cancel()
+            if reader is not None and not reader.done():
+                reader.cancel()
                 with contextlib.suppress(BaseException):
-                    await pending
+                    await reader
             aclose = getattr(self._source, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+
+
+class _Raised:
+    """An exception the source raised, waiting to be raised by ``EventPump.next``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def open_stream(source: AsyncIterator[T], timeout_s: float) -> tuple[EventPump[T], T | Pulse]:

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from gyre_store import EventValidationError, GyreStoreError
@@ -33,8 +34,10 @@ class RecordSpool:
         batch: int = 64,
         linger_s: float = 0.02,
         max_backoff_s: float = 2.0,
+        on_written: Callable[[str], None] | None = None,
     ) -> None:
         self._recorder = recorder
+        self._on_written = on_written  # called with each handled record's stream id
         self._queue: queue.Queue[NewEvent] = queue.Queue(maxsize=max_pending)
         self._batch = batch
         self._linger_s = linger_s
@@ -121,6 +124,8 @@ class RecordSpool:
                         self._by_stream[record.stream.id] = left
                     else:
                         self._by_stream.pop(record.stream.id, None)
+                    if self._on_written is not None:
+                        self._on_written(record.stream.id)
                 self._idle.notify_all()
 
     def _write_one_by_one(self, batch: list[NewEvent]) -> list[NewEvent]:

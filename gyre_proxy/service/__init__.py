@@ -7,6 +7,17 @@ part does is in its own subpackage.
 from __future__ import annotations
 
 from gyre_proxy.service.keys import StoreKeys, issue_key, key_hash, revoke_key
-from gyre_proxy.service.proxy_service import ProxyConfig, ProxyService
+from gyre_proxy.service.proxy_service import WORKER_HEADER, ProxyConfig, ProxyService
+from gyre_proxy.service.workers import WorkerSync, WorkerTable
 
-__all__ = ["ProxyConfig", "ProxyService", "StoreKeys", "issue_key", "key_hash", "revoke_key"]
+__all__ = [
+    "WORKER_HEADER",
+    "ProxyConfig",
+    "ProxyService",
+    "StoreKeys",
+    "WorkerSync",
+    "WorkerTable",
+    "issue_key",
+    "key_hash",
+    "revoke_key",
+]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from gyre_proxy.answer import ExecutionSync
 from gyre_proxy.chat import EvaluationAnswer, EvaluationAsked, ExecutionAuth
 from gyre_proxy.exceptions import InvalidRequest, Overloaded
 from gyre_proxy.ingest import CritiqueBook
@@ -30,10 +31,19 @@ class LogEvaluations:
     """``EvaluationGateway`` over the event log."""
 
     def __init__(
-        self, log: EventLog, critiques: CritiqueBook, *, timeout_s: float = 120.0, poll_s: float = 0.2
+        self,
+        log: EventLog,
+        critiques: CritiqueBook,
+        *,
+        timeout_s: float = 120.0,
+        poll_s: float = 0.2,
+        sync: ExecutionSync | None = None,
     ):
         self.log = log
         self.critiques = critiques
+        # With several workers: a critique this one learnt must reach the others' books too, so
+        # it counts as a change to the execution (already in the log) that makes them reload.
+        self.sync = sync
         self.timeout_s = timeout_s
         self.poll_s = poll_s
 
@@ -60,6 +70,9 @@ class LogEvaluations:
             answer = await asyncio.to_thread(self._answer, eid, version)
             if answer is not None:
                 await asyncio.to_thread(self.critiques.refresh, eid)
+                if self.sync is not None:
+                    self.sync.staged(eid)
+                    self.sync.written(eid)
                 return answer
             await asyncio.sleep(self.poll_s)
         raise Overloaded(f"no evaluation of artifact {version} within {self.timeout_s:g} s; ask again later")

@@ -9,14 +9,17 @@ routing changes, and where each execution was placed.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from starlette.applications import Starlette
 
-from gyre_proxy.answer import AnswerPipeline, Binding, Router
+from gyre_proxy.answer import AnswerPipeline, Binding, ExecutionSync, Router
 from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.harness import plugin_for
@@ -29,6 +32,7 @@ from gyre_store.trees import TrajectoryRecorder
 
 FOLLOWED = ("engine.registered", "engine.routing_changed", "execution.started")
 FOLLOW_RETRY_S = 1.0  # between reads while PostgreSQL is unavailable
+WORKER_HEADER = "x-gyre-proxy-worker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +50,23 @@ class ProxyConfig:
 
 
 class ProxyService:
-    """The proxy on top of ``log``: a context manager that serves HTTP from a thread."""
+    """The proxy on top of ``log``: a context manager that serves HTTP from a thread.
 
-    def __init__(self, log: EventLog, config: ProxyConfig) -> None:
+    One of several worker processes (``gyre proxy serve --workers N``) is given the listening
+    ``sock`` it shares with the others, the ``sync`` that keeps its caches coherent with
+    theirs, and a ``worker`` name it sends back in an ``x-gyre-proxy-worker`` header (with
+    its pid), so a client can tell which process answered.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        config: ProxyConfig,
+        *,
+        sock: socket.socket | None = None,
+        sync: ExecutionSync | None = None,
+        worker: str | None = None,
+    ) -> None:
         self.log = log
         self.config = config
         self.clients = [
@@ -57,14 +75,14 @@ class ProxyService:
         ]
         self.router = Router(self.clients, lookup=self._placement)
         recorder = TrajectoryRecorder(log)
-        self.spool = RecordSpool(recorder)
+        self.spool = RecordSpool(recorder, on_written=None if sync is None else sync.written)
         self.critiques = CritiqueBook(log)
         self.ingestor = Ingestor(
             recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness), self.critiques
         )
-        self.evaluations = LogEvaluations(log, self.critiques)
+        self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
         self.pipeline = AnswerPipeline(
-            self.ingestor, self.router, self.spool, context_limit=config.context_limit
+            self.ingestor, self.router, self.spool, context_limit=config.context_limit, sync=sync
         )
         self.keys = StoreKeys(log)
         self.app: Starlette = build_app(
@@ -74,7 +92,10 @@ class ProxyService:
             on_shutdown=self._close_clients,
             evaluations=self.evaluations,
         )
-        self.server = proxy_server(self.app, host=config.host, port=config.port)
+        served: Any = (
+            self.app if worker is None else with_header(self.app, WORKER_HEADER, f"{worker} {os.getpid()}")
+        )
+        self.server = proxy_server(served, host=config.host, port=config.port, sock=sock)
 
     async def _close_clients(self) -> None:
         for _, client in list(self.clients):
@@ -137,3 +158,22 @@ class ProxyService:
             self.server.__exit__(et, ev, tb)
         finally:
             self.spool.close()
+
+
+def with_header(app: Any, name: str, value: str) -> Any:
+    """``app`` (ASGI) with one more header on every HTTP response."""
+    header = (name.encode(), value.encode())
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await app(scope, receive, send_with_header)
+
+    return wrapped

@@ -17,7 +17,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_defaults() -> None:
     args = parse(["engine", "serve"])
-    assert (args.host, args.port, args.max_context, args.seed) == ("127.0.0.1", 30000, 2048, 0)
+    # The model's own context limit and the tokenizer the proxy uses (decided at run time).
+    assert (args.host, args.port, args.max_context, args.seed) == ("127.0.0.1", 30000, 0, 0)
+    assert args.tokenizer == "auto"
     assert args.func is engine_cli.run_serve
 
 
@@ -44,3 +46,4 @@ def test_help_names_the_variables(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_model_config_is_an_error_status() -> None:
     assert engine_cli.run_serve(parse(["engine", "serve", "--model-config", "{not json"])) == 2
     assert engine_cli.run_serve(parse(["engine", "serve", "--model-config", '{"vocab_size": 10}'])) == 1
+    assert engine_cli.run_serve(parse(["engine", "serve", "--max-context", "-1"])) == 2
