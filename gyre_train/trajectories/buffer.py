@@ -197,14 +197,17 @@ class StoreGroupSource:
         return results[1].duplicate
 
     def consumed_by_step(self, step: int) -> tuple[str, ...]:
-        """The groups recorded as consumed by ``step``, in the order they were taken (a trainer
-        resuming a step it had begun takes these again, first)."""
+        """The groups of this source's run recorded as consumed by ``step``, in the order they
+        were taken (a trainer resuming a step it had begun takes these again, first). Another
+        run's step of the same number, in the same database, is not this trainer's."""
+        run = self._config.run_id
         return tuple(
             r.event.group_id
             for r in self._log.read(0, types=["group.consumed"], limit=1_000_000)
             if isinstance(r.event, GroupConsumed)
             and r.event.step == step
             and r.event.trainer == self._config.trainer
+            and (run is None or r.event.run_id == run)
         )
 
     def _consumed_by(self, group_id: str) -> tuple[int, str] | None:

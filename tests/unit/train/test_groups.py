@@ -9,8 +9,10 @@ import pytest
 
 from gyre_store import (
     FinishReason,
+    GroupConsumed,
     InMemoryEventLog,
     InMemoryProjectionStore,
+    NewEvent,
     RewardAssigned,
     catch_up,
     new_outcome,
@@ -216,3 +218,19 @@ def test_ready_groups_reads_one_cut_of_the_log() -> None:
         for ticket in source.ready_groups():
             assert source.build(ticket.group_id).executions[0].advantage == 0.0
     assert [t.group_id for t in source.ready_groups()] == ["g-cut"]
+
+
+def test_a_step_resumed_takes_back_only_its_own_runs_groups() -> None:
+    """A second run in the same database (the demo run twice) must not retake the first run's
+    groups of the same step number: it would train on another run's samples."""
+    log = InMemoryEventLog()
+    log.append(
+        [
+            NewEvent(GroupConsumed(group_id=f"{run}-g{i}", run_id=run, step=0, trainer="core"))
+            for run in ("first", "second")
+            for i in range(2)
+        ]
+    )
+    mine = StoreGroupSource(log, memory_store(), GroupSourceConfig(trainer="core", run_id="second"))
+    assert mine.consumed_by_step(0) == ("second-g0", "second-g1")
+    assert mine.consumed_by_step(1) == ()
