@@ -20,14 +20,11 @@ import argparse
 import os
 import statistics
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.progress import Progress
+from scratch import scratch_database
 
 from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.harness import ClaudeCodeHarness
@@ -40,7 +37,6 @@ from gyre_store import (
     StoreConfig,
     catch_up,
 )
-from gyre_store.db import migrate
 from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 from gyre_train import (
     PAPER_FB_FRACTION,
@@ -67,20 +63,6 @@ def times_of(fn: Callable[[], object], repeats: int) -> list[float]:
 
 def ms(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1e3:.3f} ms"
-
-
-@contextmanager
-def scratch_database(admin_url: str) -> Iterator[str]:
-    name = f"gyre_bench_admission_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def main() -> None:
@@ -112,7 +94,10 @@ def main() -> None:
     events = log.read(0, limit=10_000_000)
 
     admit_ok = stored_ok = True
-    with scratch_database(args.pg) as url, PostgresEventLog(StoreConfig(url)) as pg_log:
+    with (
+        scratch_database(args.pg, "gyre_bench_admission") as url,
+        PostgresEventLog(StoreConfig(url)) as pg_log,
+    ):
         console.print(f"storing {len(events)} records in PostgreSQL and building the tree projection ...")
         for i in range(0, len(events), 64):
             pg_log.append(

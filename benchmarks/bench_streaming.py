@@ -20,19 +20,16 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
 import redis
-from psycopg import sql
 from rich.console import Console
 from rich.progress import Progress
+from scratch import scratch_database
 
 from gyre_proxy.engines.refengine import free_port
 from gyre_store import NewEvent, PostgresEventLog, StoreConfig
 from gyre_store.catalog import MicroStepClaimed
-from gyre_store.db import migrate
 from gyre_store.log import EventMetadata
 from gyre_train.backends import ModelSpec, TorchBackend
 from gyre_train.cells import (
@@ -62,20 +59,6 @@ console = Console()
 
 def spread(xs: list[float], scale: float = 1000.0, fmt: str = ".1f") -> str:
     return f"{format(statistics.median(xs) * scale, fmt)} ({format(min(xs) * scale, fmt)} to {format(max(xs) * scale, fmt)})"
-
-
-@contextmanager
-def scratch_database(admin_url: str) -> Iterator[str]:
-    name = f"gyre_bench_streaming_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def plain_loop(spec: ModelSpec, batches: list[Batch], progress: Progress, label: str) -> list[float]:
@@ -219,7 +202,7 @@ def main() -> None:
     # The shared cores' load drifts over minutes, so each mode gets its own baseline: the plain loop
     # over the same batches, run just before it.
     results: list[tuple[str, list[float], list[float], dict[str, int]]] = []
-    with scratch_database(args.pg) as database_url:
+    with scratch_database(args.pg, "gyre_bench_streaming") as database_url:
         with Progress(console=console) as progress:
             for cells, join_at, label in modes:
                 base = plain_loop(spec, batches, progress, f"plain loop, before {label}")
