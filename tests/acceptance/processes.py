@@ -23,9 +23,12 @@ from tests.acceptance.conftest import ROOT
 
 
 @contextmanager
-def gyre_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
-    """``gyre ARGS --port P`` (a server command) in a subprocess; yields its base URL."""
-    port = free_port()
+def gyre_process(
+    args: list[str], log: Path, env: dict[str, str] | None = None, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``gyre ARGS --port P`` (a server command) in a subprocess, ready once /health answers;
+    yields its base URL and the process (to kill it on purpose), and stops it on the way out."""
+    port = port or free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     base.update(env or {})
     with log.open("ab") as out:
@@ -45,7 +48,7 @@ def gyre_server(args: list[str], log: Path, env: dict[str, str] | None = None) -
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        yield url
+        yield url, process
     finally:
         if process.poll() is None:
             process.terminate()
@@ -54,6 +57,13 @@ def gyre_server(args: list[str], log: Path, env: dict[str, str] | None = None) -
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(20)
+
+
+@contextmanager
+def gyre_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``gyre ARGS --port P`` (a server command) in a subprocess; yields its base URL."""
+    with gyre_process(args, log, env) as (url, _):
+        yield url
 
 
 @contextmanager

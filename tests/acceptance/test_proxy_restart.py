@@ -6,10 +6,8 @@ root), and the records written before the kill are unchanged."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import numpy as np
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
-from gyre_store import InMemoryProjectionStore, PostgresEventLog, StoreConfig, catch_up
+from gyre_store import PostgresEventLog, StoreConfig
 from gyre_store.catalog import ModelCallRecorded
 from gyre_store.log import StreamId
-from gyre_store.trees import TreeProjection, TreeView
-from tests.acceptance.conftest import ROOT, gyre
+from tests.acceptance.conftest import gyre
+from tests.acceptance.processes import gyre_process, tree
 
 TOOL_CALL = 'Let me look.\n\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
 TOOLS = [
@@ -41,31 +38,10 @@ TOOLS = [
 def proxy_process(
     database_url: str, engine_url: str, port: int, log: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`gyre proxy serve` as a user starts it, ready once /health answers; killed on the way out."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
-    env["GYRE_DATABASE_URL"] = database_url
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gyre_tools.cli", "proxy", "serve", "--engine", f"e0={engine_url}",
-             "--port", str(port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, f"gyre proxy serve exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"gyre proxy serve never answered: {log.read_text()[-2000:]}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    """`gyre proxy serve` as a user starts it, on ``port`` in each of its lives."""
+    args = ["proxy", "serve", "--engine", f"e0={engine_url}"]
+    with gyre_process(args, log, {"GYRE_DATABASE_URL": database_url}, port) as (_, process):
         yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
 
 
 def stored_calls(database_url: str, execution_id: str) -> list[ModelCallRecorded]:
@@ -84,14 +60,6 @@ def wait_for_calls(database_url: str, execution_id: str, count: int) -> list[Mod
         assert time.monotonic() < deadline, f"{len(calls)} of {count} records reached the database"
         time.sleep(0.1)
     return calls
-
-
-def tree(database_url: str, execution_id: str) -> TreeView:
-    projection = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
-    with PostgresEventLog(StoreConfig(database_url)) as log:
-        catch_up(log, store, projection)
-    return TreeView.load(store, execution_id)
 
 
 def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution(
