@@ -44,4 +44,7 @@ class BuiltinHarness(ClaudeCodeHarness):
             "ANTHROPIC_API_KEY": launch.api_key,
             "HOME": str(launch.home),
         }
-        return LaunchSpec(argv, env, stdin=launch.prompt, entry=("gyre_proxy.harness.agent", "main"))
+        # The SDK takes seconds of CPU to import, paid per execution unless the fork server has it.
+        return LaunchSpec(
+            argv, env, stdin=launch.prompt, entry=("gyre_proxy.harness.agent", "main"), preload=("anthropic",)
+        )

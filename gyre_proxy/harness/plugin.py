@@ -47,12 +47,15 @@ class LaunchSpec:
     """The process to start for one execution: argv, extra environment, and stdin text.
 
     ``entry`` (module, function) says that ``argv`` is ``python -m <module> ...`` and that
-    ``<function>(argv[3:])`` is the same program, so a launcher may fork it ready-imported."""
+    ``<function>(argv[3:])`` is the same program, so a launcher may fork it ready-imported;
+    ``preload`` names further modules the program imports (lazily, say), imported once in the
+    server it forks from."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: str = ""
     entry: tuple[str, str] | None = None
+    preload: tuple[str, ...] = ()
 
 
 class HarnessPlugin(Protocol):

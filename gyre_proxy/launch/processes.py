@@ -2,8 +2,10 @@
 
 A harness is a program (``LaunchSpec.argv``). A Python harness that names its entry point
 (``LaunchSpec.entry``: module and function, called with ``argv[3:]`` as ``python -m`` would)
-is the same program, but its process can fork from a server that imported it once: the
-built-in agent's SDK takes over a second of CPU to import, paid per execution otherwise.
+is the same program, but its process can fork from a server that imported it once, with the
+modules the spec names to preload: the built-in agent's SDK takes two to three seconds of CPU
+to import, paid per execution otherwise. The fork server starts with the first forked harness
+and keeps the modules it preloaded then (one launcher runs one harness).
 Either way the harness gets its own process group (a budget kill takes its children too),
 its working directory, only the environment the launcher gives it, its stdin from the
 prompt, and its output in the execution's log.
@@ -105,8 +107,8 @@ class Starter:
     def _start_forked(self, spec: LaunchSpec, cwd: Path, env: dict[str, str], log: Path) -> HarnessProcess:
         assert spec.entry is not None
         module, function = spec.entry
-        if self._context is None or module not in self._preloaded:
-            self._preloaded.add(module)
+        if self._context is None:
+            self._preloaded.update((module, *spec.preload))
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(sorted(self._preloaded))
             self._context = context
