@@ -4,8 +4,14 @@ Every admitted request keeps its own KV cache; each pass of the loop advances ev
 request by one token, so concurrent requests progress together and a new one starts on the
 next pass. Work that must not overlap decoding (weight updates) runs as an exclusive job:
 admission pauses, in-flight requests finish (or are aborted when the job asks), the job runs,
-admission resumes -- the same ordering SGLang's model-update lock gives. It deliberately
-does not batch forward passes across requests: correctness first, and the model is tiny.
+admission resumes -- the same ordering SGLang's model-update lock gives.
+
+The transformer body runs per request (each has its own cache, so no padding), but the output
+projection runs once per pass for all of them: for a tiny model over a large vocabulary (the
+Qwen vocabulary is 248K words) that projection is most of the work, and reading its weight
+once for the pass instead of once per request is what makes concurrent requests cheap. Models
+whose logits are not plainly the projection of the body's last hidden state (a soft cap, a
+scale) run the whole model per request instead.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ class DecodeLoop:
         self._sample_vocab = (
             min(loaded.vocab_size, max(loaded.tokenizer.vocab_size, 1)) if tokenizer_vocab_only else None
         )
+        self._split = split_output_projection(loaded.model)
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: dict[str, _Request] = {}
@@ -169,8 +176,7 @@ class DecodeLoop:
                 if job is not None and not runnable:
                     self._run_job(job)
                     continue
-                for request in runnable:
-                    self._step(request)
+                self._pass(runnable)
 
     def _apply_aborts(self) -> None:
         for rid, message in self._aborts.items():
@@ -200,35 +206,78 @@ class DecodeLoop:
         request.cache = None
         request.sink(StepEvent(token, logprob, finish, self.weight_version))
 
-    def _forward(self, request: _Request, ids: list[int]) -> None:
+    def _forward(self, requests: list[tuple[_Request, list[int]]]) -> None:
+        """Feed each request its ``ids`` and set its ``next_logits``: the body per request, the
+        output projection once for all (or the whole model per request, see the module doc)."""
         from transformers import DynamicCache
 
-        if request.cache is None:
-            request.cache = DynamicCache(config=self.loaded.model.config)  # type: ignore[arg-type]
-        # Only the last position's logits are needed: a long prompt over a large vocabulary
-        # would otherwise materialise prompt_len x vocab logits.
-        out = self.loaded.model(
-            input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True, logits_to_keep=1
-        )
-        request.next_logits = out.logits[0, -1]
-
-    def _step(self, request: _Request) -> None:
+        if not requests:
+            return
+        hidden: list[torch.Tensor] = []
+        fed: list[_Request] = []
+        for request, ids in requests:
+            try:
+                if request.cache is None:
+                    request.cache = DynamicCache(config=self.loaded.model.config)  # type: ignore[arg-type]
+                if self._split is None:
+                    # Only the last position's logits are needed: a long prompt over a large
+                    # vocabulary would otherwise materialise prompt_len x vocab logits.
+                    out = self.loaded.model(
+                        input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True, logits_to_keep=1
+                    )
+                    request.next_logits = out.logits[0, -1]
+                    continue
+                body, _ = self._split
+                out = body(input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True)
+                hidden.append(out.last_hidden_state[0, -1])
+                fed.append(request)
+            except Exception as exc:  # one broken request must not stop the loop
+                self._failed(request, exc)
+        if not fed:
+            return
+        assert self._split is not None
         try:
-            self._decode_one(request)
-        except Exception as exc:  # one broken request must not stop the loop
-            log.exception("request %s failed", request.rid)
-            with self._cond:
+            logits = self._split[1](torch.stack(hidden))
+        except Exception as exc:
+            for request in fed:
+                self._failed(request, exc)
+            return
+        for row, request in enumerate(fed):
+            request.next_logits = logits[row]
+
+    def _failed(self, request: _Request, exc: Exception) -> None:
+        log.error("request %s failed", request.rid, exc_info=exc)
+        with self._cond:
+            if request.rid in self._active:
                 self._finish(request, Finish(FinishKind.ABORT, message=f"internal error: {exc}"))
 
-    def _decode_one(self, request: _Request) -> None:
+    def _pass(self, runnable: list[_Request]) -> None:
+        """Advance every runnable request by one token: prefill the new ones, choose a token for
+        each, then feed the chosen tokens of those that go on."""
+        self._forward(
+            [(r, r.input_ids) for r in runnable if r.next_logits is None and r.sampling.max_new_tokens > 0]
+        )
+        going_on: list[tuple[_Request, list[int]]] = []
+        for request in runnable:
+            try:
+                token = self._choose(request)
+            except Exception as exc:
+                self._failed(request, exc)
+                continue
+            if token is not None:
+                going_on.append((request, [token]))
+        self._forward(going_on)
+
+    def _choose(self, request: _Request) -> int | None:
+        """Choose and emit the request's next token; the token when it goes on, else None."""
         sampling = request.sampling
         if sampling.max_new_tokens <= 0:
             with self._cond:
-                self._finish(request, Finish(FinishKind.LENGTH))
-            return
+                if request.rid in self._active:
+                    self._finish(request, Finish(FinishKind.LENGTH))
+            return None
         if request.next_logits is None:
-            self._forward(request, request.input_ids)  # prefill
-        assert request.next_logits is not None
+            return None  # its prefill failed and finished it
         position = len(request.produced)
         forced = request.forced[position] if request.forced is not None else None
         choice = choose(
@@ -242,12 +291,12 @@ class DecodeLoop:
         finish = self._finish_reason(request, choice.token)
         with self._cond:
             if request.rid not in self._active:
-                return  # aborted by another thread between passes
+                return None  # aborted by another thread between passes
             if finish is not None:
                 self._finish(request, finish, choice.token, choice.logprob)
-                return
+                return None
             request.sink(StepEvent(choice.token, choice.logprob, None, self.weight_version))
-        self._forward(request, [choice.token])
+        return choice.token
 
     def _finish_reason(self, request: _Request, token: int) -> Finish | None:
         sampling = request.sampling
@@ -264,3 +313,22 @@ class DecodeLoop:
             # A scripted output ran out without a stop token: the script ends the turn.
             return Finish(FinishKind.STOP)
         return None
+
+
+# Model types whose logits are exactly ``lm_head(model(...).last_hidden_state)``.
+_PLAIN_HEAD_TYPES = frozenset({"qwen3", "qwen2", "llama", "mistral"})
+
+
+def split_output_projection(
+    model: torch.nn.Module,
+) -> tuple[Callable[..., Any], Callable[[torch.Tensor], torch.Tensor]] | None:
+    """The model's body and output projection, when its logits are plainly the projection of
+    the body's last hidden state; None otherwise (the whole model then runs per request)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_TYPES:
+        return None
+    body = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    if not isinstance(body, torch.nn.Module) or not isinstance(head, torch.nn.Linear):
+        return None
+    return body, head

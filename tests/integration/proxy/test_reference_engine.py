@@ -75,6 +75,24 @@ async def test_scripted_policy_forces_the_tool_call_with_true_logprobs(server: R
     assert tokenizer.decode(free.output_ids.tolist()) != TOOL_CALL[:5]
 
 
+async def test_concurrent_requests_each_get_their_own_logits_from_the_shared_projection(
+    server: ReferenceEngineServer,
+) -> None:
+    """The output projection runs once per pass for every request in it: each request's reported
+    logprobs are still those of a whole-model forward over its own prompt and output."""
+    tokenizer = ByteTokenizer()
+    prompts = [tokenizer.encode(f"prompt number {i} " * (i + 1)) for i in range(6)]
+    async with client(server) as engine:
+        answers = await asyncio.gather(
+            *(engine.generate(p, SamplingConfig(max_new_tokens=24, temperature=1.0)) for p in prompts)
+        )
+    for prompt, answer in zip(prompts, answers, strict=True):
+        output = answer.output_ids.tolist()
+        assert len(output) > 0
+        expected = forward_logprobs(server.engine.loaded.model, prompt, output)
+        np.testing.assert_allclose(answer.logprobs, expected, atol=1e-4)
+
+
 async def test_update_weights_from_tensor_needs_a_session_and_safetensors(
     server: ReferenceEngineServer,
 ) -> None:

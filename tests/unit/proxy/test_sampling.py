@@ -60,3 +60,30 @@ def test_top_k_and_top_p_never_sample_outside_the_nucleus(seed: int, top_k: int,
     probs = torch.softmax(LOGITS, -1)
     mass_before = sum(float(probs[t]) for t in order[: order.index(token)])
     assert mass_before < top_p
+
+
+def test_draw_follows_the_distribution_and_never_draws_a_word_without_mass() -> None:
+    from gyre_proxy.engines.refengine.sampling import draw
+
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
+    generator = torch.Generator().manual_seed(1)
+    counts = torch.zeros(5)
+    n = 20_000
+    for _ in range(n):
+        counts[draw(probs, generator)] += 1
+    # Three standard deviations of a binomial proportion at n = 20,000 are below 0.011.
+    assert torch.allclose(counts / n, probs, atol=0.011), counts / n
+    assert counts[1] == 0 and counts[4] == 0
+    # Unnormalized weights are a distribution too, and a seed gives the same draws.
+    first = [draw(probs * 7, torch.Generator().manual_seed(3)) for _ in range(1)]
+    again = [draw(probs * 7, torch.Generator().manual_seed(3)) for _ in range(1)]
+    assert first == again
+
+
+def test_draw_refuses_a_distribution_without_mass() -> None:
+    import pytest
+
+    from gyre_proxy.engines.refengine.sampling import draw
+
+    with pytest.raises(ValueError, match="no mass"):
+        draw(torch.zeros(4), torch.Generator())
