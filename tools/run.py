@@ -45,6 +45,7 @@ from gyre_store import (
     TaskSplit,
     WeightsPublished,
     cell_time,
+    read_to_head,
     run_report,
 )
 from gyre_tools.cli import add_env_argument
@@ -130,6 +131,7 @@ class LiveRun:
     max_restarts: int = 5
     _restarted: dict[str, list[float]] = field(default_factory=dict)
     _due: dict[str, float] = field(default_factory=dict)
+    _lifecycle: Lifecycle = field(default_factory=lambda: Lifecycle(""))
 
     # -- the run and its configuration -----------------------------------------------------------
 
@@ -137,6 +139,7 @@ class LiveRun:
         """Resolve the run: a recorded one continues with its recorded config; a new one gets
         its starting policy, its folder, its recorded config and its tasks."""
         self.run_id = self.run_id_arg or f"run-{uuid.uuid4().hex[:8]}"
+        self._lifecycle = Lifecycle(self.run_id)
         recorded = self._recorded()
         if recorded is not None:
             self.config = recorded
@@ -304,11 +307,15 @@ class LiveRun:
                 [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]
             )
         with Live(self._view(), console=console, refresh_per_second=2, transient=not live_view) as live:
+            viewed = time.monotonic()
             while _patient(self._published) < c.steps:
                 self._check_children()
                 time.sleep(0.5)
-                if live_view:
+                # The view reads the run's report from the log: every 2 s, since the processes
+                # it watches share the same cores.
+                if live_view and time.monotonic() - viewed >= VIEW_EVERY_S:
                     live.update(_patient(self._view))
+                    viewed = time.monotonic()
         if c.eval.heldout:
             self._held_out("heldout-after")
 
@@ -382,7 +389,7 @@ class LiveRun:
                 str(s.step), str(s.policy_version), _fmt(s.mean_reward), str(s.groups), str(s.admitted_trajectories),
                 str(s.trainable_tokens), _fmt(s.loss), _fmt(s.wall_s, 1),
             )  # fmt: skip
-        counts = _lifecycle(self.log, self.run_id)
+        counts = self._lifecycle.update(self.log)
         table.caption = (
             f"d={counts['d']} p={counts['p']} f={counts['f']}  waterlevel w={counts['d'] - counts['f']}  "
             f"queued={counts['d'] - counts['p']} running={counts['p'] - counts['f']}  "
@@ -424,13 +431,24 @@ class RunFailed(RuntimeError):
     """A process of the run died or the run could not go on."""
 
 
-def _lifecycle(log: EventLog, run_id: str) -> dict[str, int]:
-    counts = {"d": 0, "p": 0, "f": 0}
-    kinds = {"execution.dispatched": "d", "execution.started": "p", "execution.finished": "f"}
-    for recorded in log.read(0, types=list(kinds), limit=10_000_000):
-        if getattr(recorded.event, "run_id", None) == run_id:
-            counts[kinds[recorded.event_type]] += 1
-    return counts
+VIEW_EVERY_S = 2.0
+_KINDS = {"execution.dispatched": "d", "execution.started": "p", "execution.finished": "f"}
+
+
+@dataclass
+class Lifecycle:
+    """The run's counters d, p, f, read from the log incrementally (each event once)."""
+
+    run_id: str
+    counts: dict[str, int] = field(default_factory=lambda: {"d": 0, "p": 0, "f": 0})
+    after: int = 0
+
+    def update(self, log: EventLog) -> dict[str, int]:
+        events, self.after = read_to_head(log, self.after, types=list(_KINDS))
+        for recorded in events:
+            if getattr(recorded.event, "run_id", None) == self.run_id:
+                self.counts[_KINDS[recorded.event_type]] += 1
+        return dict(self.counts)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
