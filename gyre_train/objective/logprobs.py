@@ -117,13 +117,19 @@ def packed_token_logprobs(
 def _target_logprobs(
     model: Any, step: PackedStep, input_ids: torch.Tensor, position_ids: torch.Tensor
 ) -> torch.Tensor:
-    device, dtype = input_ids.device, next(model.parameters()).dtype
-    hidden = model.model(
-        input_ids=input_ids[None],
-        position_ids=position_ids[None],
-        attention_mask=block_causal_mask(step.row_starts, dtype, device),
-        use_cache=False,
-    ).last_hidden_state[0]  # [T, H]
+    device = input_ids.device
+    # The body runs row by row (plain causal attention over each row) rather than once over the
+    # packed step with a [T, T] block-causal mask: the same attention, without its T^2 cost.
+    bounds = step.row_starts.tolist()
+    hidden = torch.cat(
+        [
+            model.model(
+                input_ids=input_ids[None, start:end], position_ids=position_ids[None, start:end], use_cache=False
+            ).last_hidden_state[0]
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+            if end > start
+        ]
+    )  # [T, H]
     # A target at a row's first token has no prediction; the packer never makes one.
     where = torch.tensor(np.flatnonzero(step.target_mask & (step.position_ids > 0)), device=device)  # [U]
     weight = model.get_output_embeddings().weight  # [V, H]
