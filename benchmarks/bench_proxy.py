@@ -56,11 +56,10 @@ import aiohttp
 import httpx
 import msgspec
 import numpy as np
-import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -672,8 +671,8 @@ class InstantLoad:
         return Arm(d, p, len(d) / d_s, len(p) / p_s, engine_ms, proxy_ms)
 
     def warm(self) -> None:
-        asyncio.run(drive(8, 2, self.direct))
-        asyncio.run(drive(8, 2, self.proxied))
+        asyncio.run(drive(min(8, self.clients), 2, self.direct))
+        asyncio.run(drive(min(8, self.clients), 2, self.proxied))
 
 
 def run_instant(args: argparse.Namespace, env: dict[str, str], table: Table, modes: set[str]) -> None:
@@ -805,17 +804,8 @@ def main() -> int:
         table.add_column(c)
     summary: list[str] = []
     if modes - {"encode"}:
-        name = f"gyre_bench_proxy_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(args.pg, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        env = {
-            **os.environ,
-            "GYRE_DATABASE_URL": args.pg.rsplit("/", 1)[0] + "/" + name,
-            "PYTHONPATH": str(ROOT),
-        }
-        try:
-            subprocess.run([sys.executable, "-m", "gyre_tools.cli", "db", "upgrade"], env=env, check=True,
-                           cwd=ROOT, capture_output=True)  # fmt: skip
+        with scratch_database(args.pg, "gyre_bench_proxy") as url:
+            env = {**os.environ, "GYRE_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
             if "streams" in modes:
                 console.print(
                     f"streams: {args.clients} executions, answers of {args.answer_tokens} tokens streamed "
@@ -827,9 +817,6 @@ def main() -> int:
             if modes & {"workers", "closed-loop", "harness-load"}:
                 with console.status("short-answer modes"):
                     run_instant(args, env, table, modes)
-        finally:
-            with psycopg.connect(args.pg, autocommit=True) as admin:
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     if "encode" in modes:
         inc, full, n_tokens = bench_incremental()
         table.add_row(

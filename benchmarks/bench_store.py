@@ -23,13 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scratch import scratch_database
 
 from gyre_store import (
     NewEvent,
@@ -41,7 +42,6 @@ from gyre_store import (
     rebuild,
 )
 from gyre_store.catalog import ExecutionDispatched, ExecutionStarted
-from gyre_store.db import migrate
 from gyre_store.log.queries import COPY_TYPES, EVENT_COLUMNS
 
 console = Console()
@@ -193,12 +193,7 @@ def main() -> int:
     parser.add_argument("--singles", type=int, default=2000)
     args = parser.parse_args()
 
-    name = f"gyre_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.pg, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = args.pg.rsplit("/", 1)[0] + "/" + name
-    try:
-        migrate.upgrade(url)
+    with scratch_database(args.pg, "gyre_bench") as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(BARE)
             conn.execute("ALTER TABLE bare_events ALTER COLUMN payload SET STORAGE EXTERNAL")
@@ -249,9 +244,6 @@ def main() -> int:
                 "report",
             )
         console.print(table)
-    finally:
-        with psycopg.connect(args.pg, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     return 0
 
 

@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +35,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scratch import scratch_database
 
 from gyre_proxy.chat import ChatRequest
 from gyre_proxy.engines import Tokenizer, qwen_tokenizer
@@ -64,7 +64,6 @@ from gyre_store import (
     catch_up,
 )
 from gyre_store.catalog import TitoArrays
-from gyre_store.db import migrate
 from gyre_store.log import AppendResult
 from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
 
@@ -299,15 +298,12 @@ def main() -> int:
     console.print(f"walking {len(events)} records apart from the tree ...")
     walk = separate_walk(inputs, [a.output_ids for a in arrays])
 
-    name = f"gyre_bench_trees_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.pg, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = args.pg.rsplit("/", 1)[0] + "/" + name
     tree_reads: list[float] = []
     naive_reads: list[float] = []
-    try:
-        console.print(f"storing {len(events)} records in PostgreSQL (scratch database {name}) ...")
-        migrate.upgrade(url)
+    with scratch_database(args.pg, "gyre_bench_trees") as url:
+        console.print(
+            f"storing {len(events)} records in PostgreSQL (scratch database {url.rsplit('/', 1)[1]}) ..."
+        )
         with PostgresEventLog(StoreConfig(url)) as pg_log:
             for i in range(0, len(events), 64):
                 pg_log.append(
@@ -359,9 +355,6 @@ def main() -> int:
                 t = time.perf_counter()
                 view.input_of(rid)
                 per_record.append((len(view.path(rec.end_node)), time.perf_counter() - t))
-    finally:
-        with psycopg.connect(args.pg, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
     stats = view.stats()
     stored = stats.unique_tokens
