@@ -28,7 +28,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     optimizer: str = "adamw"
-    lr: Annotated[float, msgspec.Meta(gt=0)] = 1e-3
+    lr: Annotated[float, msgspec.Meta(gt=0)] = 5e-4
     max_grad_norm: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     jmax: Pos = 5
     micro_step_tokens: Pos = 4096
