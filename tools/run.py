@@ -12,6 +12,7 @@ stop the processes, and write the report (JSON, plots, TensorBoard) from the log
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,21 +97,27 @@ def run_command(args: argparse.Namespace) -> int:
             "GYRE_REDIS_URL": opened.services.redis_url,
             "GYRE_DATA_DIR": str(args.data_dir),
         }
-        run.prepare()
+        with run.phase("prepare"):  # the store, the run, its starting policy (a warm start once)
+            run.prepare()
         try:
-            run.start(env)
+            with run.phase("start"):
+                run.start(env)
             run.follow(live_view=not args.quiet)
         except RunFailed as exc:
             run.failed = str(exc)
         finally:
-            run.stop()
-        report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)
-        summary = write_outputs(report, run.config, Path(run.config.run_dir), metrics=args.metrics)
-        summary["cell_time"] = cell_time_summary(cell_time(opened.log, run.run_id))
+            with run.phase("stop"):
+                run.stop()
+        with run.phase("report"):
+            report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)
+            summary = write_outputs(report, run.config, Path(run.config.run_dir), metrics=args.metrics)
+            summary["cell_time"] = cell_time_summary(cell_time(opened.log, run.run_id))
+        summary["phases_s"] = {name: round(seconds, 1) for name, seconds in run.phases.items()}
         summary["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
     console.print(run.verdict(summary))
+    console.print("seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in summary["phases_s"].items()))
     return 0 if run.failed is None else 3
 
 
@@ -132,6 +139,15 @@ class LiveRun:
     _restarted: dict[str, list[float]] = field(default_factory=dict)
     _due: dict[str, float] = field(default_factory=dict)
     _lifecycle: Lifecycle = field(default_factory=lambda: Lifecycle(""))
+    phases: dict[str, float] = field(default_factory=dict)  # seconds each phase of gyre run took
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - began
 
     # -- the run and its configuration -----------------------------------------------------------
 
@@ -293,7 +309,8 @@ class LiveRun:
     def follow(self, *, live_view: bool) -> None:
         c = self.config
         if c.eval.heldout:
-            self._held_out("heldout-before")
+            with self.phase("held-out before"):
+                self._held_out("heldout-before")
         if not any(
             isinstance(r.event, RunStarted) for r in self.log.read_stream(StreamId("run", self.run_id))
         ):
@@ -306,7 +323,10 @@ class LiveRun:
             self.log.append(
                 [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]
             )
-        with Live(self._view(), console=console, refresh_per_second=2, transient=not live_view) as live:
+        with (
+            self.phase("steps"),
+            Live(self._view(), console=console, refresh_per_second=2, transient=not live_view) as live,
+        ):
             viewed = time.monotonic()
             while _patient(self._published) < c.steps:
                 self._check_children()
@@ -317,7 +337,8 @@ class LiveRun:
                     live.update(_patient(self._view))
                     viewed = time.monotonic()
         if c.eval.heldout:
-            self._held_out("heldout-after")
+            with self.phase("held-out after"):
+                self._held_out("heldout-after")
 
     def _published(self) -> int:
         versions = [
