@@ -116,7 +116,12 @@ def parse_config(text: str, *, where: str = "the config") -> RunConfig:
             f"{where}: train.micro_step_tokens ({config.train.micro_step_tokens}) must be at least "
             f"model.max_context ({config.model.max_context}): a trajectory row is never split across micro-steps"
         )
-    config.sched()
+    if config.sched().policy is not PolicyKind.ASYNC:
+        raise ConfigFileError(
+            f"{where}: policy {config.policy!r} moves cells between rollout and training, which a live "
+            'run cannot do yet (its command sink refuses role transitions); use policy = "async" '
+            f"here, or see the policy at work in `gyre simulate --policy {config.policy}`"
+        )
     return config
 
 
@@ -131,7 +136,7 @@ def to_toml(config: RunConfig) -> str:
 run_id = "{c.run_id}"          # empty: a new run id each time; the same id continues that run
 seed = {c.seed}                # tasks, task order, sampling and admission draws follow it
 steps = {c.steps}              # training steps (policy versions); a multiple of mu
-policy = "{c.policy}"          # async: a fixed partition, rollout engines beside trainer cells
+policy = "{c.policy}"          # async: a fixed partition, rollout engines beside trainer cells (elastic and colocate move cells, which live runs cannot do yet)
 phi = {c.phi}                  # extra dispatch in units of B (boundary dispatch: Q_b = (phi + mu) B)
 mu = {c.mu}                    # training steps per burst (one publication per burst)
 B = {c.B}                      # rollout groups per training step

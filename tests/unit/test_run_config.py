@@ -19,3 +19,23 @@ def test_a_micro_step_smaller_than_the_context_is_refused() -> None:
         parse_config(text, where="run.toml")
     config = parse_config("[model]\nmax_context = 8192\n[train]\nmicro_step_tokens = 8192\n")
     assert (config.model.max_context, config.train.micro_step_tokens) == (8192, 8192)
+
+
+@pytest.mark.parametrize("policy", ["elastic", "colocate"])
+def test_a_policy_that_moves_cells_is_refused_before_the_run_starts(policy: str) -> None:
+    # A live run cannot move cells between roles yet: refused with the reason, not left to the
+    # controller's first transition.
+    with pytest.raises(ConfigFileError, match=rf"policy '{policy}' moves cells .* cannot do yet"):
+        parse_config(f'policy = "{policy}"\n', where="run.toml")
+    with pytest.raises(ConfigFileError, match="policy must be one of"):
+        parse_config('policy = "sideways"\n')
+
+
+def test_the_live_sink_refuses_a_role_transition() -> None:
+    from gyre_sched import TransitionNotLive
+    from gyre_sched.live.sink import LiveSink, TaskDeck
+    from gyre_store.testing import InMemoryEventLog
+
+    sink = LiveSink(InMemoryEventLog(), "run-1", TaskDeck(["t0"], seed=0), group_size=4)
+    with pytest.raises(TransitionNotLive, match="stop accepting of cell 1"):
+        sink.stop_accepting(1)
