@@ -91,13 +91,14 @@ def run_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with open_store(args, with_redis=True) as opened:
         run = LiveRun(opened.log, config, Path(args.data_dir), args.run_id or config.run_id or None)
+        run.phases["store"] = time.monotonic() - started  # embedded servers started (or connected)
         env = {
             **os.environ,
             "GYRE_DATABASE_URL": opened.services.database_url,
             "GYRE_REDIS_URL": opened.services.redis_url,
             "GYRE_DATA_DIR": str(args.data_dir),
         }
-        with run.phase("prepare"):  # the store, the run, its starting policy (a warm start once)
+        with run.phase("prepare"):  # the run and its starting policy (a warm start once)
             run.prepare()
         try:
             with run.phase("start"):
@@ -336,6 +337,8 @@ class LiveRun:
                 if live_view and time.monotonic() - viewed >= VIEW_EVERY_S:
                     live.update(_patient(self._view))
                     viewed = time.monotonic()
+            if live_view:
+                live.update(_patient(self._view))  # the last step too
         if c.eval.heldout:
             with self.phase("held-out after"):
                 self._held_out("heldout-after")

@@ -58,7 +58,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     N: Pos = 4
     cells: Pos = 1
     rollout_engines: Pos = 2
-    engine_capacity: Pos = 16
+    engine_capacity: Pos = 8
     nodes: Pos = 1
     harness: str = "builtin"
     run_dir: str = ""  # resolved when the run starts: its policies, workspaces and outputs

@@ -5,7 +5,10 @@ A harness is a program (``LaunchSpec.argv``). A Python harness that names its en
 is the same program, but its process can fork from a server that imported it once, with the
 modules the spec names to preload: the built-in agent's SDK takes two to three seconds of CPU
 to import, paid per execution otherwise. The fork server starts with the first forked harness
-and keeps the modules it preloaded then (one launcher runs one harness).
+and keeps the modules it preloaded then (one launcher runs one harness). It imports them under
+the launcher's environment and, on Python 3.11, from the default ``sys.path`` of a new
+interpreter (with ``PYTHONPATH``), and skips a module it cannot import without a word: the
+harness then imports it itself, as a program would.
 Either way the harness gets its own process group (a budget kill takes its children too),
 its working directory, only the environment the launcher gives it, its stdin from the
 prompt, and its output in the execution's log.

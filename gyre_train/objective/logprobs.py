@@ -11,6 +11,7 @@ take the general path, which materializes the [T, V] logits.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -89,8 +90,10 @@ def packed_token_logprobs(
     """[T] log pi_theta(token_k | earlier tokens of its row); 0 at each row's first token, and,
     with ``targets_only`` on a linear-head model, 0 at every non-target token.
 
-    Runs one forward pass with gradients enabled (wrap in torch.no_grad() for pass 1). The model
-    must accept input_ids, position_ids and a 4-D attention_mask and return `.logits`.
+    Runs with gradients enabled (wrap in torch.no_grad() for pass 1). On a linear-head model
+    with ``targets_only`` the body runs once per row; otherwise the model runs once over the
+    packed step and must accept input_ids, position_ids and a 4-D attention_mask and return
+    `.logits`.
     """
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
@@ -121,12 +124,18 @@ def _target_logprobs(
     # The body runs row by row (plain causal attention over each row) rather than once over the
     # packed step with a [T, T] block-causal mask: the same attention, without its T^2 cost.
     bounds = step.row_starts.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != input_ids.shape[0]:
+        raise ValueError(
+            f"row_starts {bounds[:3]}...{bounds[-1:]} do not span the step's {input_ids.shape[0]} tokens"
+        )
     hidden = torch.cat(
         [
             model.model(
-                input_ids=input_ids[None, start:end], position_ids=position_ids[None, start:end], use_cache=False
+                input_ids=input_ids[None, start:end],
+                position_ids=position_ids[None, start:end],
+                use_cache=False,
             ).last_hidden_state[0]
-            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+            for start, end in itertools.pairwise(bounds)
             if end > start
         ]
     )  # [T, H]

@@ -11,12 +11,15 @@ projection runs once per pass for all of them: for a tiny model over a large voc
 Qwen vocabulary is 248K words) that projection is most of the work, and reading its weight
 once for the pass instead of once per request is what makes concurrent requests cheap. Models
 whose logits are not plainly the projection of the body's last hidden state (a soft cap, a
-scale) run the whole model per request instead.
+scale) run the whole model per request instead. The projection of several rows at once can
+differ from one row's in the last bits (up to about 1e-6 here), so with a fixed seed a
+request's tokens may depend on which requests shared its passes, as with any batching engine.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -176,7 +179,24 @@ class DecodeLoop:
                 if job is not None and not runnable:
                     self._run_job(job)
                     continue
-                self._pass(runnable)
+                try:
+                    self._pass(runnable)
+                except Exception as exc:  # a sink that raised: end the pass's requests, keep the loop
+                    log.exception("decode pass failed")
+                    with self._cond:
+                        for request in runnable:
+                            if request.rid in self._active:
+                                self._active.pop(request.rid, None)
+                                request.cache = None
+                                with contextlib.suppress(Exception):
+                                    request.sink(
+                                        StepEvent(
+                                            None,
+                                            None,
+                                            Finish(FinishKind.ABORT, message=f"internal error: {exc}"),
+                                            self.weight_version,
+                                        )
+                                    )
 
     def _apply_aborts(self) -> None:
         for rid, message in self._aborts.items():
@@ -291,7 +311,7 @@ class DecodeLoop:
         finish = self._finish_reason(request, choice.token)
         with self._cond:
             if request.rid not in self._active:
-                return None  # aborted by another thread between passes
+                return None  # finished earlier in this pass (its prefill failed)
             if finish is not None:
                 self._finish(request, finish, choice.token, choice.logprob)
                 return None

@@ -56,21 +56,42 @@ def _truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return probs
 
 
+DRAW_CHUNK = 1024  # words per block of the two-level cumulative distribution in ``draw``
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token drawn with probability ``probs[i] / probs.sum()``, by inverting the cumulative
     distribution at a uniform draw: one pass over the vocabulary, where ``torch.multinomial``
-    draws an exponential variate per word (27x slower over the Qwen vocabulary). A word of
-    probability zero is never drawn: the first index whose cumulative mass exceeds the draw
-    has mass of its own."""
-    cumulative = torch.cumsum(probs.float(), dim=-1)
+    draws an exponential variate per word (``benchmarks/bench_engine_decode.py`` times both).
+
+    The cumulative sums are taken in float64 in two levels (block sums, then the words of the
+    chosen block), so a word's mass is not lost to rounding against a float32 running total of
+    248K words. A word of probability zero is never drawn: the first index whose cumulative mass
+    exceeds the draw has mass of its own."""
+    flat = probs.reshape(-1)
+    n = flat.numel()
+    padded = torch.nn.functional.pad(flat, (0, (-n) % DRAW_CHUNK))
+    blocks = padded.view(-1, DRAW_CHUNK)
+    cumulative = torch.cumsum(blocks.sum(dim=1, dtype=torch.float64), dim=0)  # [blocks]
     total = float(cumulative[-1])
     if not total > 0.0:
         raise ValueError("cannot draw from a distribution with no mass")
     u = float(torch.rand((), generator=generator, dtype=torch.float64)) * total
-    index = int(torch.searchsorted(cumulative, torch.tensor([u], dtype=cumulative.dtype), right=True)[0])
-    if index >= probs.numel():  # u rounded up to the total: the last word with mass
-        index = int(torch.nonzero(probs)[-1, 0])
-    return index
+    block = _first_above(cumulative, u)
+    if block is None:  # u rounded up to the total: the last block with mass
+        block = int(torch.nonzero(blocks.sum(dim=1, dtype=torch.float64) > 0)[-1, 0])
+    before = float(cumulative[block - 1]) if block > 0 else 0.0
+    within = torch.cumsum(blocks[block].double(), dim=0)  # [DRAW_CHUNK]
+    index = _first_above(within, u - before)
+    if index is None:  # the block's sum and its running sum rounded apart: its last word with mass
+        index = int(torch.nonzero(blocks[block])[-1, 0])
+    return block * DRAW_CHUNK + index
+
+
+def _first_above(cumulative: torch.Tensor, value: float) -> int | None:
+    """The first index whose cumulative value exceeds ``value``, or None past the end."""
+    index = int(torch.searchsorted(cumulative, torch.tensor([value], dtype=cumulative.dtype), right=True)[0])
+    return index if index < cumulative.numel() else None
 
 
 def choose(

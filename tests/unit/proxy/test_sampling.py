@@ -80,6 +80,22 @@ def test_draw_follows_the_distribution_and_never_draws_a_word_without_mass() -> 
     assert first == again
 
 
+def test_draw_reaches_words_too_light_for_a_float32_running_total() -> None:
+    # Each tail word's mass is below half an ulp of 1.0 in float32: a float32 cumulative sum
+    # never rises over them, so a one-level float32 inversion could never draw one, though the
+    # tail holds about 1% of the mass.
+    from gyre_proxy.engines.refengine.sampling import draw
+
+    probs = torch.full((248_320,), 4e-8)
+    probs[0] = 1.0
+    tail = float(probs[1:].double().sum() / probs.double().sum())
+    generator = torch.Generator().manual_seed(2)
+    n = 6_000
+    hits = sum(draw(probs, generator) > 0 for _ in range(n))
+    # About 59 expected; four standard deviations are 31 (0.0051 of n); none would be drawn.
+    assert abs(hits / n - tail) < 0.0051, (hits / n, tail)
+
+
 def test_draw_refuses_a_distribution_without_mass() -> None:
     import pytest
 
