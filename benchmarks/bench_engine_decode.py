@@ -1,5 +1,7 @@
 """The reference engine's decode cost over the Qwen vocabulary, against baselines in the same run.
 
+The model is the demo's policy shape (a tiny Qwen3 over the Qwen vocabulary), freshly built.
+
 Three figures, each a ratio to a baseline measured in the same process, on one torch thread
 (as the engine runs):
 
@@ -33,6 +35,7 @@ from gyre_proxy.engines import SamplingConfig
 from gyre_proxy.engines.refengine.decode_loop import DecodeLoop, StepEvent
 from gyre_proxy.engines.refengine.model import ModelSource, load_model
 from gyre_proxy.engines.refengine.sampling import draw
+from gyre_train.backends import TINY_POLICY
 
 console = Console(width=160)
 
@@ -82,7 +85,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    loaded = load_model(ModelSource(tokenizer="qwen", seed=0))
+    loaded = load_model(ModelSource(config=TINY_POLICY, tokenizer="qwen", seed=0))  # the demo's policy
     head = loaded.model.lm_head
     vocab, hidden = head.weight.shape
     table = Table(title=f"reference engine, Qwen vocabulary ({vocab:,} words, hidden {hidden}), one thread")
