@@ -8,6 +8,7 @@ while the database is unreachable: a retry of a batch that did commit is a no-op
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Collection, Sequence
 from types import TracebackType
@@ -100,7 +101,11 @@ class PostgresEventLog:
             open=False,
             name="gyre-events",
         )
-        self._listener: psycopg.Connection[Any] | None = None
+        # One LISTEN connection per thread that waits: threads sharing a log (a launcher and an
+        # evaluator worker in one process) each block on their own, and none is lost to a race.
+        self._listeners = threading.local()
+        self._all_listeners: list[psycopg.Connection[Any]] = []
+        self._listeners_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self, wait_s: float = 10.0) -> PostgresEventLog:
@@ -113,9 +118,10 @@ class PostgresEventLog:
         return self
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        with self._listeners_lock:
+            listeners, self._all_listeners = self._all_listeners, []
+        for listener in listeners:
+            listener.close()
         self.pool.close()
 
     def __enter__(self) -> PostgresEventLog:
@@ -314,18 +320,25 @@ class PostgresEventLog:
     def wait(self, after: int, timeout: float) -> bool:
         if self.head() > after:
             return True
+        listener: psycopg.Connection[Any] | None = getattr(self._listeners, "connection", None)
         try:
-            if self._listener is None or self._listener.closed:
-                self._listener = psycopg.connect(self.config.psycopg_url, autocommit=True)
-                self._listener.execute(queries.LISTEN)
+            if listener is None or listener.closed:
+                listener = psycopg.connect(self.config.psycopg_url, autocommit=True)
+                with self._listeners_lock:
+                    self._all_listeners.append(listener)
+                self._listeners.connection = listener
+                listener.execute(queries.LISTEN)
                 # The head may have moved between our check and LISTEN taking effect.
                 if self.head() > after:
                     return True
-            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+            for _ in listener.notifies(timeout=timeout, stop_after=1):
                 break
         except psycopg.Error as exc:
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
+            if listener is not None:
+                listener.close()
+                with self._listeners_lock:
+                    if listener in self._all_listeners:
+                        self._all_listeners.remove(listener)
+                self._listeners.connection = None
             raise translate(exc) from exc
         return self.head() > after
