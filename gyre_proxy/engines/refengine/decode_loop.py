@@ -186,16 +186,9 @@ class DecodeLoop:
                     with self._cond:
                         for request in runnable:
                             if request.rid in self._active:
-                                self._active.pop(request.rid, None)
-                                request.cache = None
-                                with contextlib.suppress(Exception):
-                                    request.sink(
-                                        StepEvent(
-                                            None,
-                                            None,
-                                            Finish(FinishKind.ABORT, message=f"internal error: {exc}"),
-                                            self.weight_version,
-                                        )
+                                with contextlib.suppress(Exception):  # _finish pops it first
+                                    self._finish(
+                                        request, Finish(FinishKind.ABORT, message=f"internal error: {exc}")
                                     )
 
     def _apply_aborts(self) -> None:
