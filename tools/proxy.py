@@ -151,6 +151,9 @@ def run_serve(args: argparse.Namespace) -> int:
         run_id=args.run,
     )
     stop = threading.Event()
+    # SIGTERM (how a process manager, `gyre run` or a test stops it) ends the serving loop like
+    # Ctrl-C does, so the spooled records are written; its default action would drop them.
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: stop.set())}
     sock = sync = worker = table = None
     if args.worker_index is not None:
         table = WorkerTable(Path(args.worker_table), workers=args.workers, index=args.worker_index)
@@ -180,7 +183,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 pass
             stop.set()
             follower.join(timeout=5)  # it reads the log, which closes next
+            # Leaving the block writes what the spool still holds before the store closes.
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         if table is not None:
             table.close()
     return 0

@@ -9,79 +9,32 @@ like a harness's)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anthropic
-import httpx
 
 from gyre_proxy.engines.refengine import free_port
 from gyre_store import PostgresEventLog, StoreConfig
 from gyre_store.catalog import ModelCallRecorded, TitoArrays
 from gyre_store.log import StreamId
-from tests.acceptance.conftest import ROOT, gyre
+from tests.acceptance.conftest import gyre
+from tests.acceptance.processes import gyre_process
 
 SYSTEM = "You are a careful software engineer working in a repository. " * 400  # about 4,800 tokens
-
-
-@contextmanager
-def process(args: list[str], env: dict[str, str], ready: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`gyre ARGS` as a user starts it, ready once ``ready`` answers; stopped on the way out."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gyre_tools.cli", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"gyre {args[0]} exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"gyre {args[0]} never answered: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(ready, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_engine_and_proxy_with_their_defaults_answer_an_sdk_call(
     fresh_database_url: str, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
-    env["GYRE_DATABASE_URL"] = fresh_database_url
+    env = {"GYRE_DATABASE_URL": fresh_database_url}
     engine_port, proxy_port = free_port(), free_port()
-    engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+    engine_url = f"http://127.0.0.1:{engine_port}"
 
     with (
-        process(
-            ["engine", "serve", "--port", str(engine_port)],
-            env,
-            f"{engine_url}/health",
-            tmp_path / "engine.log",
-        ),
-        process(
-            ["proxy", "serve", "--engine", f"e0={engine_url}", "--port", str(proxy_port)],
-            env,
-            f"{proxy_url}/health",
-            tmp_path / "proxy.log",
-        ),
+        gyre_process(["engine", "serve"], tmp_path / "engine.log", env, engine_port),
+        gyre_process(
+            ["proxy", "serve", "--engine", f"e0={engine_url}"], tmp_path / "proxy.log", env, proxy_port
+        ) as (proxy_url, _),
     ):
         registered = gyre(
             "executions", "new", "--harness", "claude-code", "--json", "--proxy-url", proxy_url,
@@ -102,12 +55,9 @@ def test_engine_and_proxy_with_their_defaults_answer_an_sdk_call(
     assert answer.stop_reason in ("max_tokens", "end_turn", "tool_use"), answer
     assert answer.usage.input_tokens > 2048  # over the engine's old default context
     assert 0 < answer.usage.output_tokens <= 8
+    # The proxy was stopped with SIGTERM, which writes what its spool held first.
     with PostgresEventLog(StoreConfig(fresh_database_url)) as log:
-        deadline = time.monotonic() + 60
-        while not (stored := log.read_stream(StreamId("calls", execution["execution_id"]))):
-            assert time.monotonic() < deadline, "the call was never recorded"
-            time.sleep(0.2)
-    (recorded,) = stored
+        (recorded,) = log.read_stream(StreamId("calls", execution["execution_id"]))
     assert isinstance(recorded.event, ModelCallRecorded) and recorded.event.engine == "e0"
     arrays = TitoArrays.from_payload(recorded.payload)
     assert arrays.input_len == answer.usage.input_tokens

@@ -1,7 +1,8 @@
 """A `gyre proxy serve` process killed with SIGKILL and started again on the same PostgreSQL
 database continues an execution it never saw: the new process has nothing in memory, matches
 the harness's history against the stored tree and extends the stored record (one path, one
-root), and the records written before the kill are unchanged."""
+root), and the records written before the kill are unchanged. One stopped with SIGTERM writes
+what its spool still holds before it exits."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import anthropic
 import numpy as np
+import psycopg
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
 from gyre_store import PostgresEventLog, StoreConfig
@@ -128,3 +130,46 @@ def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution
     assert stats.requests == 2 and stats.roots == 1  # one path: no new root after the restart
     first_end = view.records[before.request_id].end_node
     assert first_end in view.path(view.records[calls[1].request_id].end_node)
+
+
+def test_sigterm_writes_the_spooled_records_before_the_proxy_exits(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    """A process manager stops `gyre proxy serve` with SIGTERM. Records the spool still holds
+    (here: held back by a lock on the event table) are written before the process exits."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"outputs": ["There are two files."], "rule": "in_order"}))
+    engine_config = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen", seed=0), max_context=8192, script=script
+    )
+    port = free_port()
+    registered = gyre(
+        "executions", "new", "--json", "--run-id", "term-run", "--execution-id", "ex-term",
+        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": fresh_database_url},
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    execution = json.loads(registered.stdout)
+
+    with (
+        ReferenceEngineServer(engine_config) as engine,
+        proxy_process(fresh_database_url, engine.base_url, port, tmp_path / "proxy.log") as proxy,
+    ):
+        with psycopg.connect(fresh_database_url) as blocker:
+            # Readers pass; the spool's append waits until this transaction ends.
+            blocker.execute("LOCK TABLE gyre_events IN EXCLUSIVE MODE")
+            with anthropic.Anthropic(
+                base_url=execution["base_url"], api_key=execution["api_key"], max_retries=0
+            ) as client:
+                answer = client.messages.create(
+                    model="gyre", max_tokens=50, messages=[{"role": "user", "content": "What is here?"}]
+                )
+            assert [b.text for b in answer.content if b.type == "text"] == ["There are two files."]
+            assert stored_calls(fresh_database_url, "ex-term") == []  # still in the spool
+            proxy.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            assert proxy.poll() is None, "the proxy exited with a record unwritten"
+        # The lock is released: the spool writes, and the process ends cleanly.
+        assert proxy.wait(30) == 0, (tmp_path / "proxy.log").read_text()[-2000:]
+
+    (call,) = stored_calls(fresh_database_url, "ex-term")
+    assert call.execution_id == "ex-term"
