@@ -294,16 +294,23 @@ class LiveRun:
         }
 
     def stop(self) -> None:
-        for child in self.children.values():
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + 20
-        for child in self.children.values():
-            try:
-                child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait(5)
+        """Stop the processes in waves, each waited for before the next: the controller (no
+        more dispatch), then the launcher (it kills the harnesses still running and records
+        them cancelled), then the evaluator, then the proxy and the node agents. Stopped all at
+        once, the proxy went first and a harness still running saw its model API refuse the
+        connection before the launcher had ended it."""
+        for wave in stop_waves(list(self.children)):
+            children = [self.children[name] for name in wave]
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()
+            deadline = time.monotonic() + 20
+            for child in children:
+                try:
+                    child.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait(5)
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -434,6 +441,17 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+STOP_ORDER = ("controller", "launcher", "evaluator")  # then everything else at once
+
+
+def stop_waves(names: list[str]) -> list[list[str]]:
+    """The order ``LiveRun.stop`` ends the processes in: one wave per name of ``STOP_ORDER``,
+    then the rest (the proxy and the node agents) together."""
+    waves = [[name] for name in STOP_ORDER if name in names]
+    rest = [name for name in names if name not in STOP_ORDER]
+    return [*waves, rest] if rest else waves
 
 
 T = TypeVar("T")
