@@ -196,7 +196,8 @@ def test_a_live_run_survives_its_faults(cluster: pgcluster.PrivateCluster, tmp_p
     # must carry no error.
     killed_at = dict(faults)["gyre run killed"]
     [(last_published,)] = _rows(
-        url, "SELECT extract(epoch from max(recorded_at)) FROM gyre_events WHERE event_type = 'policy.published'"
+        url,
+        "SELECT extract(epoch from max(recorded_at)) FROM gyre_events WHERE event_type = 'policy.published'",
     )
     finished = _rows(
         url,

@@ -47,7 +47,9 @@ def test_the_launcher_has_ended_before_the_proxy_hears_sigterm(tmp_path: Path) -
     assert all(child.returncode == 0 for child in run.children.values())
     times = {
         (kind, name): float(at)
-        for kind, name, at in (line.split() for line in trace.read_text().splitlines() if not line.startswith("up"))
+        for kind, name, at in (
+            line.split() for line in trace.read_text().splitlines() if not line.startswith("up")
+        )
     }
     assert times[("done", "launcher")] <= times[("term", "proxy")]
     assert times[("done", "launcher")] <= times[("term", "node")]
