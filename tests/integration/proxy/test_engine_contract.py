@@ -23,6 +23,7 @@ from gyre_proxy.engines import (
     ContextLengthExceeded,
     EngineClient,
     EngineClientConfig,
+    EngineError,
     EngineNotAccepting,
     FinishKind,
     GenerateResult,
@@ -161,9 +162,16 @@ async def test_context_over_limit_is_a_typed_error(target: EngineTarget) -> None
 
 
 async def test_stop_accepting_rejects_new_and_keeps_in_flight(target: EngineTarget) -> None:
-    if not target.gyre_admin:
-        pytest.skip(f"{target.name} has no /gyre admission endpoints")
     prompt = prompt_of(4)
+    if not target.gyre_admin:
+        # SGLang has no admission endpoints (the proxy's routing stops sending it new
+        # requests): asking is a typed engine error, and the engine goes on serving.
+        async with client(target) as engine:
+            with pytest.raises(EngineError, match="not found"):
+                await engine.stop_accepting()
+            served = await engine.generate(prompt, SamplingConfig(max_new_tokens=2, temperature=0.0))
+        assert len(served.output_ids) == 2
+        return
     sampling = SamplingConfig(max_new_tokens=200, temperature=0.0, ignore_eos=True)
     async with client(target) as engine:
         stream = engine.generate_stream(prompt, sampling)
