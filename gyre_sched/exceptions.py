@@ -18,7 +18,7 @@ GyreSchedError
     ├── ControllerConflictError  another controller recorded this run's next input first
     ├── StoreMappingError        a store event names something the scheduler did not number
     ├── NoRecordedRunError       no scheduler events are recorded for that run
-    └── TransitionNotLive        the live sink cannot carry out a role transition yet
+    └── UnkeyedTransitionStep    a transition step reached the live sink outside a keyed command
 """
 
 from __future__ import annotations
@@ -96,5 +96,6 @@ class NoRecordedRunError(LiveRunError):
     """No scheduler events are recorded for that run: nothing to replay."""
 
 
-class TransitionNotLive(LiveRunError):
-    """The live command sink cannot carry out a role transition on real cells yet."""
+class UnkeyedTransitionStep(LiveRunError):
+    """A role-transition step reached the live sink outside a keyed command: its commands
+    must carry the controller's input number, or a repeat after a crash would not be known."""

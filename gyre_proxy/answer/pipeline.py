@@ -6,7 +6,9 @@ the harness, and stage the record for the spool. What to send, when to stop, rer
 record is decided by an ``AnswerMachine`` (``answer/machine.py``); this module is its async
 shell: engines, routing, the spool, the clock. When an engine stops accepting, fails or
 aborts mid-answer, the same answer continues on another engine from the tokens the harness
-already has, so the harness sees one uninterrupted response.
+already has, so the harness sees one uninterrupted response. When the scheduler moves an
+execution to another engine (the router's ``on_moved``), its request in flight is cancelled
+on the old engine, and so continues on the new one.
 """
 
 from __future__ import annotations
@@ -101,6 +103,30 @@ class AnswerPipeline:
         self.tok = ingestor.template.tok
         self._stop_ids = (self.tok.special("<|im_end|>"), self.tok.special("<|endoftext|>"))
         self.rerouted = 0
+        self.moved = 0  # requests in flight cancelled because the scheduler moved their execution
+        self._in_flight: dict[str, tuple[RoutedEngine, str]] = {}  # execution -> engine, rid
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        router.on_moved(self._execution_moved)
+
+    # -- the scheduler moving executions ---------------------------------------------------------
+    def _execution_moved(self, execution_id: str) -> None:
+        """The router moved ``execution_id`` (called on the thread that applies routing)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._cancel_moved, execution_id)
+
+    def _cancel_moved(self, execution_id: str) -> None:
+        """On the event loop: abort the execution's attempt in flight on its old engine; its
+        answer then continues wherever the router now sends it."""
+        active = self._in_flight.get(execution_id)
+        if active is None:
+            return  # nothing in flight: its next request goes to the new engine
+        routed, rid = active
+        self.moved += 1
+        task = asyncio.ensure_future(_quiet_abort(routed, rid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- token sequences of stored records ---------------------------------------------------
     def _touch(self, execution_id: str) -> None:
@@ -222,6 +248,7 @@ class AnswerPipeline:
         through the machine, and carry out the machine's effects (events to the harness,
         engine aborts, reroutes, records staged with their timings)."""
         ex = execution.execution_id
+        self._loop = asyncio.get_running_loop()
         if self.sync is not None and not await self.sync.fresh(ex):
             await self._reload(ex)
         self._touch(ex)
@@ -248,6 +275,7 @@ class AnswerPipeline:
                 except EngineUnavailable as exc:
                     raise Overloaded("no engine is accepting requests; retry later") from exc
                 attempt = machine.start(routed.name)
+                self._in_flight[ex] = (routed, attempt.rid)
                 try:
                     stream = routed.engine.generate_stream(
                         attempt.context.tolist(), attempt.sampling, rid=attempt.rid
@@ -268,6 +296,8 @@ class AnswerPipeline:
                 except EngineError:
                     # Unavailable, not accepting, broken stream: continue on another engine.
                     machine.fail()
+                finally:
+                    self._in_flight.pop(ex, None)
                 ending = machine.end_attempt()
                 if machine.completed:
                     blocks_out.append(machine.blocks)

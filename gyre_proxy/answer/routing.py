@@ -7,8 +7,10 @@ on the command line. Engines join
 while the proxy serves (a live run's engines register in the log) and leave rollout when the
 scheduler says so (``engine.routing_changed``): new requests avoid them and executions bound
 to them move, preferring the engine with the fewest executions, so one execution is not
-moved again and again. In-flight requests on a stopped engine are cancelled and retried by
-the answer pipeline, not here. An engine that failed a request (its process died, say) is
+moved again and again. The scheduler moves an execution to another slot by
+``execution.rerouted``; the router then tells whoever listens (``on_moved``: the answer
+pipeline, which cancels the execution's request in flight and retries it on the new engine)
+once the new route is in place, so a cancelled request never comes back to its old engine. An engine that failed a request (its process died, say) is
 passed over for ``FAILED_PAUSE_S`` by every execution while another engine accepts, so the
 retries go elsewhere instead of back to it; registering again (a restarted engine) clears that.
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 from gyre_proxy.engines import Engine
 from gyre_proxy.exceptions import EngineUnavailable
-from gyre_store.catalog import EngineRoutingChanged, ExecutionStarted
+from gyre_store.catalog import EngineRoutingChanged, ExecutionRerouted, ExecutionStarted
 from gyre_store.log import RecordedEvent
 
 
@@ -72,6 +74,7 @@ class Router:
         self._bindings: dict[str, Binding | None] = {}
         self._lookup = lookup
         self._lock = threading.Lock()
+        self._on_moved: Callable[[str], None] | None = None
         self.moves = 0
 
     def engines(self) -> list[RoutedEngine]:
@@ -83,14 +86,23 @@ class Router:
             self._engines[name] = RoutedEngine(name, engine, True, run_id, slot)
             self._failed_until.pop(name, None)
 
+    def on_moved(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback(execution_id)`` (on the thread that applies routing) whenever an
+        execution's binding moves it off the engine it was served by."""
+        self._on_moved = callback
+
     def bind(self, execution_id: str, binding: Binding) -> None:
         """Record where the scheduler placed ``execution_id``; its next request goes there."""
+        moved = False
         with self._lock:
             if self._bindings.get(execution_id) != binding:
                 self._bindings[execution_id] = binding
                 current = self._sticky.get(execution_id)
                 if current is not None and not self._fits(self._engines[current], binding):
                     del self._sticky[execution_id]
+                    moved = True
+        if moved and self._on_moved is not None:
+            self._on_moved(execution_id)  # outside the lock: the listener may route again
 
     def engine_for(self, execution_id: str) -> RoutedEngine:
         """The execution's engine, assigning (or moving it to) an accepting one if needed.
@@ -157,6 +169,8 @@ class Router:
             case EngineRoutingChanged(engine=engine, accepting=accepting):
                 self.set_accepting(engine, accepting)
             case ExecutionStarted(execution_id=execution_id, run_id=run_id, engine=slot):
+                self.bind(execution_id, Binding.of(run_id, slot))
+            case ExecutionRerouted(execution_id=execution_id, run_id=run_id, engine=slot):
                 self.bind(execution_id, Binding.of(run_id, slot))
             case _:
                 pass

@@ -26,11 +26,11 @@ from gyre_proxy.harness import plugin_for
 from gyre_proxy.ingest import CritiqueBook, Ingestor, Qwen3Template, RecordSpool
 from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
-from gyre_store import EngineRegistered, ExecutionStarted, StoreUnavailable, subscribe
+from gyre_store import EngineRegistered, ExecutionRerouted, ExecutionStarted, StoreUnavailable, subscribe
 from gyre_store.log import EventLog, RecordedEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
 
-FOLLOWED = ("engine.registered", "engine.routing_changed", "execution.started")
+FOLLOWED = ("engine.registered", "engine.routing_changed", "execution.started", "execution.rerouted")
 FOLLOW_RETRY_S = 1.0  # between reads while PostgreSQL is unavailable
 WORKER_HEADER = "x-gyre-proxy-worker"
 
@@ -105,9 +105,10 @@ class ProxyService:
         return EngineClient(EngineClientConfig(base_url=url, max_connections=self.config.engine_connections))
 
     def _placement(self, execution_id: str) -> Binding | None:
-        """Where the scheduler placed an execution the follower has not seen yet."""
+        """Where the scheduler placed an execution the follower has not seen yet (its start, or
+        the last time it was rerouted)."""
         for recorded in reversed(self.log.read_stream(StreamId("execution", execution_id))):
-            if isinstance(recorded.event, ExecutionStarted):
+            if isinstance(recorded.event, ExecutionStarted | ExecutionRerouted):
                 return Binding.of(recorded.event.run_id, recorded.event.engine)
         return None
 

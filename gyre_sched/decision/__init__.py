@@ -19,7 +19,7 @@ from gyre_sched.decision.codec import (
     input_from_dict,
     to_dict,
 )
-from gyre_sched.decision.commands import CommandSink, carry_out
+from gyre_sched.decision.commands import CommandSink, KeyedSink, carry_out
 from gyre_sched.decision.counters import Counters
 from gyre_sched.decision.decisions import (
     DECISION_TYPES,
@@ -85,6 +85,7 @@ __all__ = [
     "GroupClaimed",
     "GroupReady",
     "Input",
+    "KeyedSink",
     "LogEntry",
     "Outcome",
     "Placement",

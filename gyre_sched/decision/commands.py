@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gyre_sched.decision.decisions import (
     BeginTransition,
@@ -63,6 +63,17 @@ class CommandSink(Protocol):
 
     def schedule_tick(self, wake_at: float) -> None:
         """Deliver a ClockTick at ``wake_at``."""
+
+
+@runtime_checkable
+class KeyedSink(Protocol):
+    """A sink whose effects carry idempotency keys: the controller asks it for the view of one
+    command (``seq``: the input whose decisions it carries out, ``ordinal``: its place in that
+    input's protocol), so that a command repeated after a crash changes nothing."""
+
+    def keyed(self, seq: int, ordinal: int) -> CommandSink:
+        """This sink for command ``ordinal`` of input ``seq``."""
+        ...
 
 
 def carry_out(decisions: Iterable[Decision], sink: CommandSink) -> None:

@@ -31,6 +31,7 @@ from gyre_sched.decision import (
     Direction,
     DispatchGroups,
     Input,
+    KeyedSink,
     Placement,
     RequestTick,
     Reroute,
@@ -406,8 +407,11 @@ class Controller:
         for ordinal, command in enumerate(plan_commands(decisions)):
             if ordinal < first:
                 continue
+            # A keyed sink gives the command's effects keys of its own, so a command repeated
+            # after a crash (done, but not yet recorded as a step) appends nothing new.
+            sink = self.sink.keyed(seq, ordinal) if isinstance(self.sink, KeyedSink) else self.sink
             try:
-                command.call(self.sink)
+                command.call(sink)
             except BaseException:
                 self._stale = True
                 raise

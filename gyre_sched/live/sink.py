@@ -3,13 +3,18 @@
 Dispatching a group records ``group.dispatched`` (the task it samples, the policy version in
 force) and an ``execution.dispatched`` per execution; starting executions records an
 ``execution.start_requested`` per placement, which the launcher carries out (and whose
-``execution.started`` moves the counter p in the world's record). Every append carries an
-idempotency key, so a controller that repeats a command after a crash changes nothing.
+``execution.started`` moves the counter p in the world's record).
 
-Role transitions (stop accepting, reroute, release and restore memory) are not carried out
-on live cells by this sink: they raise ``TransitionNotLive``, so a run whose policy would move
-cells stops with that reason instead of pretending. Policies with a fixed partition (Async)
-never ask for one.
+A role transition's steps become facts for the components that carry them out, in the
+paper's order: stopping a cell's engine records ``engine.routing_changed`` (the proxy sends
+it nothing new) and a ``cell.command`` for the cell; rerouting records an
+``execution.rerouted`` per moved execution (the proxy moves each one, and cancels and
+retries its request in flight on the new engine); releasing and restoring memory are
+``cell.command`` events the cell runtime carries out in log order, recording each step as
+it completes and ``cell.transition_done`` at the end. Reserving destination capacity is the
+decision core's own ledger: nothing to carry out. The controller asks for this sink's keyed
+view of each command (``keyed``), so every append carries an idempotency key derived from the
+command, and a controller that repeats a command after a crash changes nothing.
 """
 
 from __future__ import annotations
@@ -18,16 +23,22 @@ import random
 from collections.abc import Sequence
 
 from gyre_sched.decision import CoreAtBurstEnd, DispatchGroups, Placement
-from gyre_sched.exceptions import TransitionNotLive
+from gyre_sched.exceptions import UnkeyedTransitionStep
 from gyre_sched.live.events import engine_name, execution_id, group_id
 from gyre_store import (
+    CellCommand,
+    CellStep,
+    EngineRoutingChanged,
     EventLog,
     EventMetadata,
     ExecutionDispatched,
+    ExecutionRerouted,
     ExecutionStartRequested,
     GroupDispatched,
     NewEvent,
+    cell_engine_name,
 )
+from gyre_store.log import Event
 
 
 class TaskDeck:
@@ -56,17 +67,32 @@ class TaskDeck:
 
 
 class LiveSink:
-    """A ``CommandSink`` that records dispatches and start requests for a run's launcher."""
+    """A ``CommandSink`` that records a run's dispatches, start requests and transition steps."""
 
     def __init__(
-        self, log: EventLog, run_id: str, deck: TaskDeck, *, group_size: int, harness: str = ""
+        self,
+        log: EventLog,
+        run_id: str,
+        deck: TaskDeck,
+        *,
+        group_size: int,
+        harness: str = "",
+        command: tuple[int, int] | None = None,
     ) -> None:
         self.log = log
         self.run_id = run_id
         self.deck = deck
         self.group_size = group_size
         self.harness = harness
+        self.command = command  # (seq, ordinal) of the controller's command this view serves
         self._meta = EventMetadata(run_id=run_id)
+
+    def keyed(self, seq: int, ordinal: int) -> LiveSink:
+        """This sink for command ``ordinal`` of input ``seq`` (``KeyedSink``)."""
+        return LiveSink(
+            self.log, self.run_id, self.deck, group_size=self.group_size, harness=self.harness,
+            command=(seq, ordinal),
+        )  # fmt: skip
 
     def dispatch_groups(self, decision: DispatchGroups) -> None:
         events: list[NewEvent] = []
@@ -103,38 +129,64 @@ class LiveSink:
         if events:
             self.log.append(events)
 
+    # -- role transitions ------------------------------------------------------------------------
+
+    def _seq(self, what: str) -> tuple[int, int]:
+        if self.command is None:
+            raise UnkeyedTransitionStep(
+                f"{what}: the live sink carries out transition steps only through keyed(seq, ordinal)"
+            )
+        return self.command
+
+    def _append(self, what: str, events: Sequence[Event]) -> None:
+        seq, ordinal = self._seq(what)
+        key = f"sched-cmd:{self.run_id}/{seq}/{ordinal}"
+        self.log.append([NewEvent(e, f"{key}/{i}", metadata=self._meta) for i, e in enumerate(events)])
+
+    def _command(self, cell: int, step: CellStep, reason: str = "") -> CellCommand:
+        seq, _ = self._seq(f"{step.value} of cell {cell}")
+        return CellCommand(run_id=self.run_id, cell_index=cell, step=step, transition=seq, reason=reason)
+
+    def stop_accepting(self, cell: int) -> None:
+        engine = cell_engine_name(self.run_id, cell)
+        routing = EngineRoutingChanged(engine=engine, accepting=False, reason="cell moves to training")
+        self._append("stop accepting", [routing, self._command(cell, CellStep.DRAIN)])
+
+    def reserve_capacity(self, engine: int, count: int) -> None:
+        return None  # the decision core's ledger holds the reservation; the controller records the step
+
+    def update_routing(self, moves: tuple[Placement, ...]) -> None:
+        rerouted = [
+            ExecutionRerouted(
+                execution_id=execution_id(self.run_id, m.execution),
+                run_id=self.run_id,
+                engine=engine_name(m.engine),
+            )
+            for m in moves
+        ]
+        if rerouted:
+            self._append("update routing", rerouted)
+
+    def cancel_and_retry(self, source: int, moves: tuple[Placement, ...]) -> None:
+        self._append(
+            "cancel and retry", [self._command(source, CellStep.REROUTE, f"{len(moves)} executions")]
+        )
+
+    def release_rollout_memory(self, cell: int) -> None:
+        self._append("release rollout memory", [self._command(cell, CellStep.RELEASE)])
+
+    def restore_training_state(self, cell: int) -> None:
+        self._append("restore training state", [self._command(cell, CellStep.RESTORE)])
+
+    def release_training_memory(self, cell: int) -> None:
+        self._append("release training memory", [self._command(cell, CellStep.RELEASE_TRAINING)])
+
+    def restore_rollout_engine(self, cell: int) -> None:
+        self._append("restore rollout engine", [self._command(cell, CellStep.RESTORE_ROLLOUT)])
+
     def core_decided(self, decision: CoreAtBurstEnd) -> None:
-        return None  # recorded by the controller as a decision; nothing to carry out here
+        if decision.stays:  # a core that returns gets its transition's commands instead
+            self._append("core decided", [self._command(0, CellStep.CORE_STAYS, "eq. (3) and supply hold")])
 
     def schedule_tick(self, wake_at: float) -> None:
         return None  # the controller keeps its own wake-ups and feeds the ticks itself
-
-    def _transition(self, step: str, cell: int) -> None:
-        raise TransitionNotLive(
-            f"{step} of cell {cell}: role transitions are not carried out on live cells yet; "
-            "run with a fixed partition (policy async)"
-        )
-
-    def stop_accepting(self, cell: int) -> None:
-        self._transition("stop accepting", cell)
-
-    def reserve_capacity(self, engine: int, count: int) -> None:
-        self._transition("reserve capacity", engine)
-
-    def update_routing(self, moves: tuple[Placement, ...]) -> None:
-        self._transition("update routing", moves[0].engine if moves else -1)
-
-    def cancel_and_retry(self, source: int, moves: tuple[Placement, ...]) -> None:
-        self._transition("cancel and retry", source)
-
-    def release_rollout_memory(self, cell: int) -> None:
-        self._transition("release rollout memory", cell)
-
-    def restore_training_state(self, cell: int) -> None:
-        self._transition("restore training state", cell)
-
-    def release_training_memory(self, cell: int) -> None:
-        self._transition("release training memory", cell)
-
-    def restore_rollout_engine(self, cell: int) -> None:
-        self._transition("restore rollout engine", cell)

@@ -1,6 +1,7 @@
 """The event vocabulary of a gyre run: run lifecycle, model calls (TITO records),
 evaluations and rewards, streaming training, and the facts that connect a live run's
-processes (tasks, engines, launch requests); importing it registers every type in ``REGISTRY``.
+processes (tasks, engines, launch requests, role-transition commands); importing it registers
+every type in ``REGISTRY``.
 
 Each type is a frozen msgspec struct, appended by the component that knows the fact.
 ``gyre_sched`` registers its own ``sched.*`` types explicitly (``register_sched_events``).
@@ -78,11 +79,22 @@ from gyre_store.catalog.training import (
     TrainingUpdate,
     contribution_key,
 )
+from gyre_store.catalog.transitions import (
+    TO_ROLLOUT_STEPS,
+    TO_TRAINING_STEPS,
+    CellCommand,
+    CellStep,
+    CellStepDone,
+    ExecutionRerouted,
+    cell_engine_name,
+)
 
 __all__ = [
     "HASH_WORDS",
     "RECORD_ARRAYS",
     "REGISTRY",
+    "TO_ROLLOUT_STEPS",
+    "TO_TRAINING_STEPS",
     "TRAIN_STREAM",
     "AgentKind",
     "ApiKeyIssued",
@@ -94,9 +106,12 @@ __all__ = [
     "BranchRefs",
     "CallFinish",
     "CallPurpose",
+    "CellCommand",
     "CellJoinedBatch",
     "CellRole",
     "CellRoleChanged",
+    "CellStep",
+    "CellStepDone",
     "CellTransitionDone",
     "ContributionAccepted",
     "EngineRegistered",
@@ -110,6 +125,7 @@ __all__ = [
     "ExecutionDispatched",
     "ExecutionExcluded",
     "ExecutionFinished",
+    "ExecutionRerouted",
     "ExecutionStartRequested",
     "ExecutionStarted",
     "FinishReason",
@@ -136,6 +152,7 @@ __all__ = [
     "TitoArrays",
     "TrainingUpdate",
     "WeightsPublished",
+    "cell_engine_name",
     "consumption_key",
     "contribution_key",
     "leaf_class",

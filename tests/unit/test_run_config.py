@@ -29,13 +29,3 @@ def test_a_policy_that_moves_cells_is_refused_before_the_run_starts(policy: str)
         parse_config(f'policy = "{policy}"\n', where="run.toml")
     with pytest.raises(ConfigFileError, match="policy must be one of"):
         parse_config('policy = "sideways"\n')
-
-
-def test_the_live_sink_refuses_a_role_transition() -> None:
-    from gyre_sched import TransitionNotLive
-    from gyre_sched.live.sink import LiveSink, TaskDeck
-    from gyre_store.testing import InMemoryEventLog
-
-    sink = LiveSink(InMemoryEventLog(), "run-1", TaskDeck(["t0"], seed=0), group_size=4)
-    with pytest.raises(TransitionNotLive, match="stop accepting of cell 1"):
-        sink.stop_accepting(1)

@@ -80,3 +80,27 @@ def test_an_engine_that_failed_is_passed_over_by_every_execution_until_it_regist
     router.mark_failed("a", "w")
     router.add("a", FakeEngine())  # type: ignore[arg-type]  # restarted and registered: chosen at once
     assert router.engine_for("w").name == "a"
+
+
+def test_a_rerouted_execution_is_reported_moved_once_its_new_route_holds() -> None:
+    from gyre_proxy.answer import Binding
+    from gyre_store import ExecutionRerouted, InMemoryEventLog
+
+    router = Router()
+    router.add("run:cell-1", FakeEngine(), run_id="run", slot="cell-1")  # type: ignore[arg-type]
+    router.add("run:pool-0", FakeEngine(), run_id="run", slot="pool")  # type: ignore[arg-type]
+    moved: list[tuple[str, str]] = []
+    # The listener sees the new route already in place (the pipeline retries through it).
+    router.on_moved(lambda ex: moved.append((ex, router.engine_for(ex).name)))
+    router.bind("x", Binding("run", "cell-1"))
+    router.bind("idle", Binding("run", "cell-1"))
+    assert router.engine_for("x").name == "run:cell-1"
+    router.bind("x", Binding("run", "cell-1"))  # the same binding again: nothing moves
+    router.bind("idle", Binding("run", "pool"))  # never served yet: nothing in flight to move
+    assert moved == []
+    log = InMemoryEventLog()  # the scheduler's reroute, as the proxy's follower reads it
+    log.append([NewEvent(ExecutionRerouted(execution_id="x", run_id="run", engine="pool"))])
+    [recorded] = log.read(0)
+    router.apply(recorded)
+    assert moved == [("x", "run:pool-0")]
+    assert router.engine_for("idle").name == "run:pool-0"
