@@ -71,7 +71,8 @@ def test_a_moved_execution_continues_on_its_new_engine(engines: list[ReferenceEn
             key = issue_key(log, execution_id=f"{RUN}/e0", run_id=RUN, harness="claude-code")
             client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
             httpx.post(  # the pool engine's script is one answer ahead otherwise
-                pool.base_url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+                pool.base_url + "/generate",
+                json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}},
             )
             pieces: list[str] = []
 
