@@ -134,7 +134,15 @@ from gyre_store.projections import (
     lifecycle_projections,
     rebuild,
 )
-from gyre_store.report import HeldOut, RunReport, Staleness, StepFigures, run_report
+from gyre_store.report import (
+    HeldOut,
+    RoleSpan,
+    RunReport,
+    Staleness,
+    StepFigures,
+    TransitionTime,
+    run_report,
+)
 from gyre_store.testing import InMemoryEventLog, InMemoryProjectionStore
 from gyre_store.trees import (
     CLASS_COLOURS,
@@ -246,6 +254,7 @@ __all__ = [
     "RecordedEvent",
     "RetryPolicy",
     "RewardAssigned",
+    "RoleSpan",
     "Row",
     "RowStore",
     "RunConfigured",
@@ -263,6 +272,7 @@ __all__ = [
     "TitoArrays",
     "TrainingUpdate",
     "TrajectoryRecorder",
+    "TransitionTime",
     "TreeNode",
     "TreeProjection",
     "TreeRecord",

@@ -6,7 +6,10 @@ are what the packing buffer recorded when it took each group; its wall time runs
 previous step's ``batch.closed`` (the run's start for step 0) to its own. The staleness of a
 consumed group is ``d = v_t - v_d``: the step that consumed it (the version trained before
 that step) minus the version published when it was dispatched. Held-out evaluations are the
-side runs ``<run>~<name>``; an instance passes when its reward is 1.
+side runs ``<run>~<name>``; an instance passes when its reward is 1. A role transition's
+time runs from its first ``cell.command`` to its last step done (``join`` into training,
+``restore_rollout`` back to rollout), split into the seconds each ``cell.step_done`` records;
+a step's roles are the cells' roles (``cell.role_changed``) when the step began.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from datetime import datetime
 import msgspec
 
 from gyre_store.catalog import (
+    TO_TRAINING_STEPS,
     BatchClosed,
+    CellCommand,
     CellRole,
     CellRoleChanged,
+    CellStep,
+    CellStepDone,
     ExecutionDispatched,
     ExecutionExcluded,
     GroupConsumed,
@@ -43,10 +50,12 @@ REPORT_TYPES = (
     "train.update",
     "batch.closed",
     "cell.role_changed",
+    "cell.command",
+    "cell.step_done",
 )
 
 
-__all__ = ["HeldOut", "RunReport", "Staleness", "StepFigures", "run_report"]
+__all__ = ["HeldOut", "RoleSpan", "RunReport", "Staleness", "StepFigures", "TransitionTime", "run_report"]
 
 
 class StepFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +69,25 @@ class StepFigures(msgspec.Struct, frozen=True, kw_only=True):
     loss: float | None
     grad_norm: float | None
     wall_s: float | None
+    roles: dict[str, int] = msgspec.field(default_factory=dict)  # cells per role at the step's start
+
+
+class TransitionTime(msgspec.Struct, frozen=True, kw_only=True):
+    """One role transition of one cell: its direction, its seconds, and each phase's."""
+
+    direction: str  # "to_training" or "to_rollout"
+    cell: int
+    total_s: float | None  # None while it has not completed
+    phases: dict[str, float]
+
+
+class RoleSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """Cell ``cell`` held ``role`` from ``start_s`` to ``end_s`` (seconds since the run started)."""
+
+    cell: int
+    role: str
+    start_s: float
+    end_s: float
 
 
 class Staleness(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +115,8 @@ class RunReport(msgspec.Struct, frozen=True, kw_only=True):
     held_out: list[HeldOut]
     transitions: int
     wall_s: float | None
+    transition_times: list[TransitionTime] = msgspec.field(default_factory=list)
+    role_timeline: list[RoleSpan] = msgspec.field(default_factory=list)
 
 
 def _rewards(events: Iterable[RecordedEvent]) -> dict[str, float | None]:
@@ -129,6 +159,7 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
             consumed[r.event.step].append(r.event)
     updates = {r.event.batch: r.event for r in mine if isinstance(r.event, TrainingUpdate)}
     closed = {r.event.step: r.recorded_at for r in mine if isinstance(r.event, BatchClosed)}
+    cells = next((r.event.cells for r in mine if isinstance(r.event, RunStarted)), 0)
     steps: list[StepFigures] = []
     for step in sorted(closed):
         groups = consumed.get(step, [])
@@ -148,6 +179,7 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
                 loss=update.loss if update else None,
                 grad_norm=update.grad_norm if update else None,
                 wall_s=(closed[step] - previous).total_seconds() if previous is not None else None,
+                roles=_roles_at(mine, cells, previous),
             )
         )
     stale = [
@@ -191,4 +223,74 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
         held_out=held_out,
         transitions=transitions,
         wall_s=(last - started).total_seconds() if last is not None and started is not None else None,
+        transition_times=_transition_times(mine),
+        role_timeline=_role_timeline(mine, cells, started, last),
     )
+
+
+def _role_timeline(
+    events: list[RecordedEvent], cells: int, started: datetime | None, end: datetime | None
+) -> list[RoleSpan]:
+    """Each cell's roles over the run, from its start to its last update (rollout until a change)."""
+    if started is None or end is None:
+        return []
+    current = {c: (CellRole.ROLLOUT.value, 0.0) for c in range(cells)}
+    spans: list[RoleSpan] = []
+    for r in events:
+        if isinstance(r.event, CellRoleChanged) and r.event.cell_index in current:
+            at = max(0.0, (r.recorded_at - started).total_seconds())
+            role, since = current[r.event.cell_index]
+            if at > since:
+                spans.append(RoleSpan(cell=r.event.cell_index, role=role, start_s=since, end_s=at))
+            current[r.event.cell_index] = (r.event.role.value, at)
+    stop = (end - started).total_seconds()
+    for cell, (role, since) in sorted(current.items()):
+        spans.append(RoleSpan(cell=cell, role=role, start_s=since, end_s=max(since, stop)))
+    return spans
+
+
+def _roles_at(events: list[RecordedEvent], cells: int, at: datetime | None) -> dict[str, int]:
+    """How many of the run's cells held each role at ``at`` (a cell with no change: rollout)."""
+    role = dict.fromkeys(range(cells), CellRole.ROLLOUT)
+    for r in events:
+        if at is not None and r.recorded_at > at:
+            break
+        if isinstance(r.event, CellRoleChanged):
+            role[r.event.cell_index] = r.event.role
+    counts: dict[str, int] = defaultdict(int)
+    for value in role.values():
+        counts[value.value] += 1
+    return dict(sorted(counts.items()))
+
+
+def _transition_times(events: list[RecordedEvent]) -> list[TransitionTime]:
+    """Each transition's first command and its steps done, in the order transitions began."""
+    began: dict[tuple[int, int], datetime] = {}
+    steps: dict[tuple[int, int], dict[CellStep, tuple[datetime, float]]] = defaultdict(dict)
+    directions: dict[tuple[int, int], str] = {}
+    for r in events:
+        match r.event:
+            case CellCommand(cell_index=cell, transition=seq, step=step) if step is not CellStep.CORE_STAYS:
+                began.setdefault((cell, seq), r.recorded_at)
+                directions.setdefault(
+                    (cell, seq), "to_training" if step in TO_TRAINING_STEPS else "to_rollout"
+                )
+            case CellStepDone(cell_index=cell, transition=seq, step=step, seconds=seconds):
+                steps[(cell, seq)][step] = (r.recorded_at, seconds)
+            case _:
+                pass
+    out = []
+    for key in sorted(began, key=lambda k: began[k]):
+        done = steps.get(key, {})
+        direction = directions[key]
+        last = CellStep.JOIN if direction == "to_training" else CellStep.RESTORE_ROLLOUT
+        total = (done[last][0] - began[key]).total_seconds() if last in done else None
+        out.append(
+            TransitionTime(
+                direction=direction,
+                cell=key[0],
+                total_s=total,
+                phases={step.value: round(seconds, 3) for step, (_, seconds) in done.items()},
+            )
+        )
+    return out

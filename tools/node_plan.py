@@ -3,6 +3,8 @@
 This machine's rollout engines (``--engines``) and, when it runs them, every trainer cell
 (``--trainers all``), resumed after the run's last publication. Engines are named
 ``<run>:pool-<n>``, numbered from ``--engine-offset`` so that several nodes name theirs apart.
+Under a policy that moves cells (elastic, colocate) the trainer cells are elastic cells, each
+also hosting its rollout engine ``<run>:cell-<i>`` of ``engine_capacity`` executions.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import uuid
 from pathlib import Path
 
 from gyre_proxy.engines import free_port
-from gyre_store import EventLog
+from gyre_sched import PolicyKind
+from gyre_store import EventLog, cell_engine_name
 from gyre_tools.run_config import RunConfig
 from gyre_tools.serve import group_source, packing
 from gyre_train.backends import ModelSpec, OptimizerConfig
 from gyre_train.cells import (
     CellConfig,
+    ElasticConfig,
     LiveTraining,
     NodePlan,
     QueueConfig,
@@ -58,8 +62,12 @@ def node_plan(
     )
     trainer_plan = None
     if trainers == "all":
+        moves = config.sched().policy is not PolicyKind.ASYNC
         training = LiveTraining(
-            steps=config.steps, mu=config.mu, packing=packing(config), groups=group_source(config, run_id)
+            steps=config.steps,
+            mu=config.mu,
+            packing=packing(config),
+            groups=group_source(config, run_id),
         )
         resume = resume_point(log, run_id, config.mu, publish_dir)
         if resume.step < config.steps:
@@ -88,5 +96,30 @@ def node_plan(
                 )
                 for cell in range(config.cells)
             )
-            trainer_plan = TrainerPlan(cells, training, publish_dir, resume.step, resume.version)
+            elastic, cell_engines = None, ()
+            if moves:
+                elastic = ElasticConfig(steps=config.steps, mu=config.mu)
+                cell_engines = tuple(
+                    RolloutEngineConfig(
+                        run_id=run_id,
+                        engine=cell_engine_name(run_id, cell),
+                        cell_index=cell,
+                        capacity=config.engine_capacity,
+                        database_url=database_url,
+                        initial_model=initial,
+                        publish_dir=publish_dir,
+                        max_context=config.model.max_context,
+                        seed=config.seed + 1000 + cell,
+                    )
+                    for cell in range(config.cells)
+                )
+            trainer_plan = TrainerPlan(
+                cells,
+                training,
+                publish_dir,
+                resume.step,
+                resume.version,
+                elastic=elastic,
+                engines=cell_engines,
+            )
     return NodePlan(engines=engine_configs, trainers=trainer_plan)

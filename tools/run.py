@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gyre_proxy.engines import free_port
-from gyre_sched import register_sched_events
+from gyre_sched import PolicyKind, register_sched_events
 from gyre_store import (
     EngineRegistered,
     EventLog,
@@ -279,8 +279,12 @@ class LiveRun:
             self._spawn(name)
 
     def _wait_for_engines(self, timeout_s: float, after: int = 0) -> None:
+        """Until every engine of this life registered: the pool's, and the cells' when they move
+        between roles (elastic and colocate cells start in rollout)."""
+        c = self.config
+        expected = c.rollout_engines + (c.cells if c.sched().policy is not PolicyKind.ASYNC else 0)
         deadline = time.monotonic() + timeout_s
-        while len(self._engines(after)) < self.config.rollout_engines:
+        while len(self._engines(after)) < expected:
             self._check_children()
             if time.monotonic() > deadline:
                 raise RunFailed(f"the rollout engines did not register within {timeout_s:.0f} s")
@@ -421,11 +425,14 @@ class LiveRun:
                 str(s.trainable_tokens), _fmt(s.loss), _fmt(s.wall_s, 1),
             )  # fmt: skip
         counts = self._lifecycle.update(self.log)
+        roles = {span.cell: span.role for span in report.role_timeline}  # each cell's latest role
+        cells = ", ".join(f"{n} {role}" for role in ("rollout", "training", "transitioning")
+                          if (n := sum(r == role for r in roles.values())))  # fmt: skip
         table.caption = (
             f"d={counts['d']} p={counts['p']} f={counts['f']}  waterlevel w={counts['d'] - counts['f']}  "
             f"queued={counts['d'] - counts['p']} running={counts['p'] - counts['f']}  "
-            f"engines: {len(self._engines())} rollout (pool), cells: {self.config.cells} training  "
-            f"published v{self._published()}/{self.config.steps}"
+            f"engines: {self.config.rollout_engines} in the pool; cells: {cells or self.config.cells}; "
+            f"transitions {report.transitions}  published v{self._published()}/{self.config.steps}"
         )
         return table
 

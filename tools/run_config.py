@@ -54,6 +54,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     policy: str = "async"
     phi: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     mu: Pos = 1
+    rho_min: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
+    tau_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     B: Pos = 4
     N: Pos = 4
     cells: Pos = 1
@@ -84,6 +86,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             batch_groups=self.B,
             phi=self.phi,
             mu=self.mu,
+            rho_min=self.rho_min,
+            tau_s=self.tau_s,
         ).validate()
 
 
@@ -116,12 +120,7 @@ def parse_config(text: str, *, where: str = "the config") -> RunConfig:
             f"{where}: train.micro_step_tokens ({config.train.micro_step_tokens}) must be at least "
             f"model.max_context ({config.model.max_context}): a trajectory row is never split across micro-steps"
         )
-    if config.sched().policy is not PolicyKind.ASYNC:
-        raise ConfigFileError(
-            f"{where}: policy {config.policy!r} moves cells between rollout and training, which a live "
-            'run cannot do yet (its command sink refuses role transitions); use policy = "async" '
-            f"here, or see the policy at work in `gyre simulate --policy {config.policy}`"
-        )
+    config.sched()  # the policy and the scheduler's shape are valid
     return config
 
 
@@ -136,14 +135,16 @@ def to_toml(config: RunConfig) -> str:
 run_id = "{c.run_id}"          # empty: a new run id each time; the same id continues that run
 seed = {c.seed}                # tasks, task order, sampling and admission draws follow it
 steps = {c.steps}              # training steps (policy versions); a multiple of mu
-policy = "{c.policy}"          # async: a fixed partition, rollout engines beside trainer cells (elastic and colocate move cells, which live runs cannot do yet)
+policy = "{c.policy}"          # async: a fixed partition, rollout engines beside trainer cells; elastic: cells move between rollout and training by the waterlevel rule; colocate: all cells switch together
 phi = {c.phi}                  # extra dispatch in units of B (boundary dispatch: Q_b = (phi + mu) B)
 mu = {c.mu}                    # training steps per burst (one publication per burst)
+rho_min = {c.rho_min}          # supply check: ready groups the batch still needs, as a fraction of B, before a cell joins training
+tau_s = {c.tau_s}              # seconds the supply check must hold before a transition (the paper's tau)
 B = {c.B}                      # rollout groups per training step
 N = {c.N}                      # executions per group (advantages are group-relative)
-cells = {c.cells}              # K trainer cells (cell 0 is the core; the rest are satellites)
-rollout_engines = {c.rollout_engines}    # reference engines in the rollout pool
-engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s = engines x capacity)
+cells = {c.cells}              # K cells (cell 0 is the core; the rest are satellites); under elastic and colocate each is also a rollout engine of engine_capacity (C_e)
+rollout_engines = {c.rollout_engines}    # reference engines in the separate rollout pool
+engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s = rollout_engines x capacity)
 nodes = {c.nodes}                # node agents gyre run starts here (engines spread over them; trainers on the first)
 harness = "{c.harness}"        # builtin (the built-in agent) or claude-code
 run_dir = "{c.run_dir}"           # empty: <data dir>/runs/<run id>; every machine must reach it

@@ -1,8 +1,8 @@
 """What a finished live run writes: the JSON figures, plots, and TensorBoard events.
 
 Everything comes from ``RunReport`` (the log) and the run's configuration: reward by step,
-the staleness histogram against E[d] = phi + (mu - 1)/2, and the role timeline of cells and
-engines (from ``cell.role_changed`` and ``engine.registered``).
+the staleness histogram against E[d] = phi + (mu - 1)/2, and the role timeline of the cells
+(from ``cell.role_changed``) beside the separate pool's engines.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
                 "loss": s.loss,
                 "grad_norm": s.grad_norm,
                 "wall_s": s.wall_s,
+                "roles": s.roles,
             }
             for s in report.steps
         ],
@@ -65,6 +66,15 @@ def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
             "histogram": report.staleness.histogram,
         },
         "transitions": report.transitions,
+        "transition_times": [
+            {
+                "direction": t.direction,
+                "cell": t.cell,
+                "total_s": t.total_s,
+                **{f"{k}_s": v for k, v in t.phases.items()},
+            }
+            for t in report.transition_times
+        ],
         "run_wall_s": report.wall_s,
     }
     summary["verdict"] = _verdict(summary)
@@ -117,6 +127,7 @@ def _plots(report: RunReport, config: RunConfig, run_dir: Path) -> dict[str, str
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.patches as patches
     import matplotlib.pyplot as plt
 
     out: dict[str, str] = {}
@@ -151,16 +162,28 @@ def _plots(report: RunReport, config: RunConfig, run_dir: Path) -> dict[str, str
     fig.savefig(out["staleness"], dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 0.6 + 0.35 * (config.cells + config.rollout_engines)))
+    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.35 * (config.cells + config.rollout_engines)))
     end = report.wall_s or 1.0
-    rows = [f"cell {c} (train)" for c in range(config.cells)] + [
-        f"pool engine {e} (rollout)" for e in range(config.rollout_engines)
+    colors = {"rollout": "tab:blue", "training": "tab:orange", "transitioning": "tab:gray"}
+    for span in report.role_timeline:  # the cells' roles, from cell.role_changed
+        ax.barh(
+            span.cell,
+            span.end_s - span.start_s,
+            left=span.start_s,
+            color=colors.get(span.role, "k"),
+            height=0.6,
+        )
+    pool = range(config.cells, config.cells + config.rollout_engines)
+    for row in pool:  # the separate pool serves rollout throughout
+        ax.barh(row, end, left=0, color=colors["rollout"], height=0.6)
+    labels = [f"cell {c}" for c in range(config.cells)] + [
+        f"pool engine {e}" for e in range(config.rollout_engines)
     ]
-    for i, label in enumerate(rows):
-        color = "tab:orange" if "train" in label else "tab:blue"
-        ax.barh(i, end, left=0, color=color, height=0.6)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
-    ax.set_xlabel("seconds since run start (fixed partition: no transitions)")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xlabel(f"seconds since run start ({report.transitions} transitions)")
+    handles = [patches.Patch(color=c, label=r) for r, c in colors.items()]
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
+    ax.invert_yaxis()
     fig.tight_layout()
     out["roles"] = str(run_dir / "roles.png")
     fig.savefig(out["roles"], dpi=120)

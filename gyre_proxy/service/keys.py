@@ -65,10 +65,14 @@ class StoreKeys:
     def _refresh(self) -> None:
         with self._lock:
             self._read_at = self._clock()
+            # Read up to a head taken first: every position up to it is committed, so moving the
+            # cursor to it skips nothing. Taken after a read that found nothing, it could pass a
+            # key issued in between, which this proxy would then refuse forever.
+            head = self._log.head()
             while True:
-                events = self._log.read(self._position, limit=1000, types=KEY_TYPES)
+                events = self._log.read(self._position, limit=1000, until=head, types=KEY_TYPES)
                 if not events:
-                    self._position = max(self._position, self._log.head())
+                    self._position = max(self._position, head)
                     return
                 for ev in events:
                     if isinstance(ev.event, ApiKeyIssued):

@@ -19,6 +19,7 @@ from gyre_train.cells.claims import (
     Task,
 )
 from gyre_train.cells.core import run_core
+from gyre_train.cells.elastic import CellEngine, ElasticCell, ElasticConfig
 from gyre_train.cells.live import (
     LivePublisher,
     LiveTraining,
@@ -37,7 +38,7 @@ from gyre_train.cells.local import (
 )
 from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, plan_reduction
 from gyre_train.cells.node import NodeAgent, NodePlan, TrainerPlan, stop_processes
-from gyre_train.cells.processes import CellCluster, run_cell, run_live_cell
+from gyre_train.cells.processes import CellCluster, run_cell, run_elastic_cell, run_live_cell
 from gyre_train.cells.producer import ProducerConfig, stream_batch
 from gyre_train.cells.publish import (
     EnginePublisher,
@@ -48,7 +49,13 @@ from gyre_train.cells.publish import (
     WeightSink,
 )
 from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica
-from gyre_train.cells.rollout import RolloutEngineConfig, newest_policy, rollout_process, serve_rollout
+from gyre_train.cells.rollout import (
+    RolloutEngine,
+    RolloutEngineConfig,
+    newest_policy,
+    rollout_process,
+    serve_rollout,
+)
 from gyre_train.cells.satellite import run_satellite
 from gyre_train.cells.session import (
     TINY_QWEN3,
@@ -88,9 +95,12 @@ __all__ = [
     "Cell",
     "CellCluster",
     "CellConfig",
+    "CellEngine",
     "CellModel",
     "CellReplica",
     "DemoSummary",
+    "ElasticCell",
+    "ElasticConfig",
     "EnginePublisher",
     "EnginePublisherConfig",
     "ExecutionTotals",
@@ -118,6 +128,7 @@ __all__ = [
     "ReducePlan",
     "Replica",
     "Resume",
+    "RolloutEngine",
     "RolloutEngineConfig",
     "SnapshotBoard",
     "SnapshotDescriptor",
@@ -148,6 +159,7 @@ __all__ = [
     "rollout_process",
     "run_cell",
     "run_core",
+    "run_elastic_cell",
     "run_live_cell",
     "run_satellite",
     "serve_rollout",

@@ -10,6 +10,7 @@ takes its claims over and plans again, counting the failed attempts in the updat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gyre_store.catalog import (
@@ -161,12 +162,18 @@ def _update(
 
 
 def run_core(
-    cell: Cell, bursts: tuple[BurstPlan, ...], publisher: WeightPublisher | None, *, record_roles: bool = True
+    cell: Cell,
+    bursts: tuple[BurstPlan, ...],
+    publisher: WeightPublisher | None,
+    *,
+    record_roles: bool = True,
+    on_join: Callable[[int], None] | None = None,
 ) -> None:
     """Train every batch of `bursts` as the core; `publisher` gets the final update of each burst.
 
     `record_roles=False` leaves the cell's role changes to whoever decides them (a live run's
-    controller records them), instead of recording them here."""
+    controller records them), instead of recording them here; `on_join(batch)` is called once,
+    when the core has opened its first batch."""
     cell.replica.expose(cell.version)
     in_training = not record_roles
     for burst in bursts:
@@ -177,6 +184,9 @@ def run_core(
             final = position == len(burst.batches) - 1
             cell.replica.zero_gradients()
             cell.board.open_batch(batch, cell.version)
+            if on_join is not None:
+                on_join(batch)
+                on_join = None
             plan, loss = _reduce_on_core(cell, batch, final)
             _update(cell, batch, plan, loss, final, publisher)
         if not burst.core_stays and record_roles:

@@ -176,14 +176,22 @@ def feed_batches(
     stop: threading.Event,
     *,
     poll_s: float = 0.1,
+    consuming: Callable[[], bool] | None = None,
 ) -> None:
-    """The stream packing buffer of a live run, from ``first_step`` to the last step.
+    """The stream packing buffer of a live run, from ``first_step`` to the last step; with
+    ``consuming`` it packs a group only while a cell trains and has claimed what was put
+    (``ProducerConfig.consuming``: the elastic cells' supply check counts unclaimed groups).
 
     Raises ProducerTimeoutError when a batch waits longer than ``producer_timeout_s`` for its
     next ready group, CellFailedError when stopped."""
     source = StoreGroupSource(log, store, training.groups, step=first_step)
     meta = EventMetadata(run_id=run_id)
-    producer = ProducerConfig(training.packing, poll_s=poll_s, timeout_s=training.producer_timeout_s)
+    producer = ProducerConfig(
+        training.packing,
+        poll_s=poll_s,
+        timeout_s=training.producer_timeout_s,
+        consuming=consuming,
+    )
     # The decision core takes no fact of a run before it started (the run may evaluate first).
     while not any(isinstance(r.event, RunStarted) for r in log.read_stream(StreamId("run", run_id))):
         if stop.is_set():

@@ -1,7 +1,8 @@
 """The node agent: starts and supervises one machine's share of a live run's cells.
 
 A node runs some rollout engines (each a process: ``rollout.rollout_process``) and some
-trainer cells (processes of ``processes.run_live_cell``). An engine that dies is started
+trainer cells (processes of ``processes.run_live_cell``, or elastic cells that are engines and
+trainers in turn: ``processes.run_elastic_cell``). An engine that dies is started
 again, after a pause that doubles up to a ceiling; it registers again with its new URL and
 loads the newest policy itself. Trainer cells share one torch.distributed world that cannot
 take a restarted member, so a trainer that dies is not restarted here: a satellite's death
@@ -25,21 +26,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre_train.cells.cell import CellConfig
+from gyre_train.cells.elastic import ElasticConfig
 from gyre_train.cells.live import LiveTraining
 from gyre_train.cells.membership import CORE
-from gyre_train.cells.processes import run_live_cell
+from gyre_train.cells.processes import run_elastic_cell, run_live_cell
 from gyre_train.cells.rollout import RolloutEngineConfig, rollout_process
 
 
 @dataclass(frozen=True, slots=True)
 class TrainerPlan:
-    """The trainer cells this node runs, and what they train."""
+    """The trainer cells this node runs, and what they train. With ``elastic`` set they are
+    elastic cells (elastic.py): each also hosts the rollout engine ``engines[i]`` and moves
+    between the roles as the controller says."""
 
     cells: tuple[CellConfig, ...]
     training: LiveTraining
     publish_dir: Path
     first_step: int
     version: int
+    elastic: ElasticConfig | None = None
+    engines: tuple[RolloutEngineConfig, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +84,11 @@ class NodeAgent:
             self._children.append(self._start(ctx, engine.engine, (rollout_process, (engine,)), restart=True))
         trainers = self.plan.trainers
         if trainers is not None:
-            for cell in trainers.cells:
-                target = (
-                    run_live_cell,
-                    (cell, trainers.training, trainers.publish_dir, trainers.first_step, trainers.version),
-                )
+            shared = (trainers.training, trainers.publish_dir, trainers.first_step, trainers.version)
+            for i, cell in enumerate(trainers.cells):
+                target: tuple[Callable[..., None], tuple[object, ...]] = (run_live_cell, (cell, *shared))
+                if trainers.elastic is not None:
+                    target = (run_elastic_cell, (cell, *shared, trainers.elastic, trainers.engines[i]))
                 self._children.append(self._start(ctx, f"cell-{cell.cell}", target, restart=False))
         return self
 

@@ -3,7 +3,9 @@
 `run_cell` is one process's entry point, and the only place the cells' seams are built for real:
 it joins the torch.distributed world of the K cells, opens its backend, and (as a cell's leader)
 connects the Redis claim queues and board, the event log, the weight transport and the
-publisher, then runs the core's or a satellite's loop. A `CellCluster` is a context manager over
+publisher, then runs the core's or a satellite's loop (`run_live_cell` for a live run's trainer
+cells; `run_elastic_cell` for its elastic cells, which also host their rollout engine and follow
+their commands, elastic.py). A `CellCluster` is a context manager over
 the processes of K cells (one each, or TP x PP each; forkserver by default: torch is imported
 once in the server, each cell forks from it). It decides nothing: the cells coordinate through
 Redis and torch.distributed. `kill` sends SIGKILL, the way a cell dies in a crash test.
@@ -21,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,6 +34,7 @@ import redis
 import torch.distributed as dist
 
 from gyre_store import (
+    EventLog,
     PostgresEventLog,
     PostgresProjectionStore,
     ProjectionSet,
@@ -43,10 +46,12 @@ from gyre_train.cells.board import RedisBatchBoard
 from gyre_train.cells.cell import BurstPlan, Cell, CellConfig
 from gyre_train.cells.claims import RedisMicroStepQueue
 from gyre_train.cells.core import run_core
+from gyre_train.cells.elastic import ElasticCell, ElasticConfig
 from gyre_train.cells.live import LivePublisher, LiveTraining, bursts_from, feed_batches
 from gyre_train.cells.membership import CORE
 from gyre_train.cells.publish import EnginePublisher
 from gyre_train.cells.replica import Replica, open_backend
+from gyre_train.cells.rollout import RolloutEngine, RolloutEngineConfig
 from gyre_train.cells.satellite import run_satellite
 from gyre_train.cells.transport import make_transport
 from gyre_train.exceptions import CellFailedError
@@ -69,12 +74,29 @@ def run_live_cell(
     _run(config, bursts, _Live(training, publish_dir, first_step, version))
 
 
+def run_elastic_cell(
+    config: CellConfig,
+    training: LiveTraining,
+    publish_dir: Path,
+    first_step: int,
+    version: int,
+    elastic: ElasticConfig,
+    engine: RolloutEngineConfig,
+) -> None:
+    """Entry point of one elastic cell of a live run (elastic.py): the world and the replica as
+    `run_live_cell` builds them, and the cell's rollout engine, driven by the cell's commands
+    until the process is stopped."""
+    _run(config, (), _Live(training, publish_dir, first_step, version, elastic, engine))
+
+
 @dataclass(frozen=True, slots=True)
 class _Live:
     training: LiveTraining
     publish_dir: Path
     first_step: int
     version: int
+    elastic: ElasticConfig | None = None
+    engine: RolloutEngineConfig | None = None
 
 
 def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) -> None:
@@ -109,37 +131,64 @@ def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) 
         cell = Cell(config, log, queues, board, replica)
         if live is not None:
             cell.version = live.version
-        if config.cell != CORE:
+        if live is not None and live.elastic is not None:
+            assert live.engine is not None  # run_elastic_cell gives both
+            if log is None:
+                raise CellFailedError("an elastic cell needs the run's database")
+            # The core packs batches only while it trains (the supply check counts unclaimed groups).
+            training = threading.Event()
+            core_publisher = (
+                _live_core(stack, config, log, queues, live, consuming=training.is_set)
+                if config.cell == CORE
+                else None
+            )
+            engine = RolloutEngine(live.engine, log)
+            elastic = ElasticCell(
+                cell, log, engine, live.elastic, publisher=core_publisher, in_training=training
+            )
+            elastic.run(threading.Event())
+        elif config.cell != CORE:
             run_satellite(cell, bursts)
         elif live is None:
             publisher = stack.enter_context(EnginePublisher(config.engines)) if config.engines else None
             run_core(cell, bursts, publisher)
         else:
-            if log is None or config.database_url is None:
+            if log is None:
                 raise CellFailedError("a live run's core needs the run's database")
-            assert isinstance(log, PostgresEventLog)  # opened above from the database URL
-            trainer_projections = ProjectionSet([TreeProjection(), *evaluation_projections()])
-            store = PostgresProjectionStore(log.pool, trainer_projections.tables())
-            stop = threading.Event()
-            stack.callback(stop.set)
-            feeder = threading.Thread(
-                target=_feed_or_die,
-                args=(log, store, config.run_id, live.training, queues, live.first_step, stop),
-                name="gyre-stream-packing",
-                daemon=True,
-            )
-            feeder.start()
-            live_publisher = LivePublisher(
-                log, config.run_id, live.publish_dir, timeout_s=live.training.publish_timeout_s
-            )
-            run_core(cell, bursts, live_publisher, record_roles=False)
+            run_core(cell, bursts, _live_core(stack, config, log, queues, live), record_roles=False)
 
 
-def _feed_or_die(*args: Any) -> None:
+def _live_core(
+    stack: contextlib.ExitStack,
+    config: CellConfig,
+    log: EventLog,
+    queues: Callable[[int], RedisMicroStepQueue],
+    live: _Live,
+    *,
+    consuming: Callable[[], bool] | None = None,
+) -> LivePublisher:
+    """A live core's packing thread (started here) and its publisher to the run's engines."""
+    assert isinstance(log, PostgresEventLog)  # opened by _run from the database URL
+    trainer_projections = ProjectionSet([TreeProjection(), *evaluation_projections()])
+    store = PostgresProjectionStore(log.pool, trainer_projections.tables())
+    stop = threading.Event()
+    stack.callback(stop.set)
+    feeder = threading.Thread(
+        target=_feed_or_die,
+        args=(log, store, config.run_id, live.training, queues, live.first_step, stop),
+        kwargs={"consuming": consuming},
+        name="gyre-stream-packing",
+        daemon=True,
+    )
+    feeder.start()
+    return LivePublisher(log, config.run_id, live.publish_dir, timeout_s=live.training.publish_timeout_s)
+
+
+def _feed_or_die(*args: Any, **kwargs: Any) -> None:
     """The packing thread of a live core: if it fails, the core cannot go on (it would wait
     for micro-steps forever), so the process ends with the reason on stderr."""
     try:
-        feed_batches(*args)
+        feed_batches(*args, **kwargs)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

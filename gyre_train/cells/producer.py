@@ -3,8 +3,12 @@
 `stream_batch` pulls ready groups (oldest policy version first) from a `ReadyGroupSource` into
 a `BatchPacker`, puts every micro-step on the batch's queue as soon as it is packed, and closes
 the stream once the batch's B groups are in. When no group is ready it waits and polls again:
-cells find nothing to claim meanwhile, pause, and resume with the next micro-step. It does not
-decide which step a group feeds (the source's `step`) nor start cells.
+cells find nothing to claim meanwhile, pause, and resume with the next micro-step. Given
+`consuming` (whether a cell is training now), it pulls the next group only while one is and
+every micro-step it put was claimed, as the paper's buffer pulls one "when it runs short of
+trajectories": with no cell training, ready groups stay unclaimed in the trajectory buffer,
+where the scheduler's supply check counts them. It does not decide which step a group feeds
+(the source's `step`) nor start cells.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ class ProducerConfig:
     packing: PackingConfig
     poll_s: float = 0.05
     timeout_s: float = 600.0
+    # Pull a group only while this says a cell trains and every micro-step put was claimed
+    # (None: pull every ready group at once).
+    consuming: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.poll_s <= 0 or self.timeout_s <= 0:
@@ -49,6 +56,12 @@ def stream_batch(
     deadline = time.monotonic() + config.timeout_s
     while not packer.closed:
         taken = len(packer.groups)
+        if config.consuming is not None and (not config.consuming() or emitted > queue.claims_made()):
+            # Before the stream closes every task is a first-pass one, claimed once each: the
+            # claims made say how many of the micro-steps put are still waiting for a cell.
+            deadline = time.monotonic() + config.timeout_s  # waiting for cells, not for groups
+            time.sleep(config.poll_s)
+            continue
         for step in packer.pull(source):
             queue.put(step)
             emitted += 1

@@ -4,8 +4,9 @@ On start it loads the newest policy the run has published (or the run's starting
 serves SGLang's HTTP API, and records ``engine.registered`` with its URL, so the proxy routes
 to it and the core publishes to it. A publication that lands between loading and registering
 would miss it, so after registering it looks again and loads anything newer itself. It is
-the rollout role of a cell (``cell_index`` >= 0) or an engine of the separate rollout pool
-(``cell_index`` -1); moving a cell between roles is not built here.
+an engine of the separate rollout pool (``cell_index`` -1, a process of its own:
+``rollout_process``) or the rollout role of an elastic cell (``cell_index`` >= 0), which
+starts and stops its ``RolloutEngine`` as its role changes (elastic.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,10 +68,27 @@ def newest_policy(log: EventLog, run_id: str, publish_dir: Path) -> tuple[int, P
     return 0, None
 
 
-def serve_rollout(config: RolloutEngineConfig, stop: threading.Event) -> None:
-    """Serve until ``stop`` is set (a process's main loop; see ``rollout_process``)."""
-    with PostgresEventLog(StoreConfig(config.database_url)) as log:
-        version, folder = newest_policy(log, config.run_id, config.publish_dir)
+class RolloutEngine:
+    """One rollout engine of a run, started and stopped at will: a pool engine's whole life,
+    or each rollout role of an elastic cell. ``start`` serves the newest published policy and
+    registers the engine; ``stop`` ends the server and drops the model (its weights, KV caches
+    and buffers)."""
+
+    def __init__(self, config: RolloutEngineConfig, log: EventLog) -> None:
+        self.config = config
+        self.log = log
+        self.server: ReferenceEngineServer | None = None
+
+    @property
+    def version(self) -> int:
+        """The policy version it serves (0: the run's starting policy); raises when stopped."""
+        if self.server is None:
+            raise RuntimeError(f"{self.config.engine} is not serving")
+        return int(self.server.engine.weight_version)
+
+    def start(self) -> None:
+        config = self.config
+        version, folder = newest_policy(self.log, config.run_id, config.publish_dir)
         source = ModelSource(model_dir=folder or config.initial_model, tokenizer="qwen")
         engine_config = ReferenceEngineConfig(
             source=source,
@@ -79,20 +98,50 @@ def serve_rollout(config: RolloutEngineConfig, stop: threading.Event) -> None:
             torch_threads=config.torch_threads,
             tokenizer_vocab_only=True,
         )
-        with ReferenceEngineServer(engine_config, host=config.host, port=config.port) as server:
-            registered = EngineRegistered(
-                engine=config.engine,
-                run_id=config.run_id,
-                url=server.base_url,
-                cell_index=config.cell_index,
-                capacity=config.capacity,
-            )
-            key = f"engine:{config.engine}:{server.base_url}"
-            log.append([NewEvent(registered, key, metadata=EventMetadata(run_id=config.run_id))])
-            newer, newer_folder = newest_policy(log, config.run_id, config.publish_dir)
-            if newer > version and newer_folder is not None:
-                asyncio.run(EngineWeightSink(server.base_url).load_from_disk(newer_folder, newer))
+        server = ReferenceEngineServer(engine_config, host=config.host, port=config.port).__enter__()
+        self.server = server
+        registered = EngineRegistered(
+            engine=config.engine,
+            run_id=config.run_id,
+            url=server.base_url,
+            cell_index=config.cell_index,
+            capacity=config.capacity,
+        )
+        # One registration per start (a retried append finds its own): a cell's engine that
+        # starts again must be routed to again, even at an address it had before.
+        key = f"engine:{config.engine}:{server.base_url}:{uuid.uuid4().hex[:12]}"
+        self.log.append([NewEvent(registered, key, metadata=EventMetadata(run_id=config.run_id))])
+        newer, newer_folder = newest_policy(self.log, config.run_id, config.publish_dir)
+        if newer > version and newer_folder is not None:
+            asyncio.run(EngineWeightSink(server.base_url).load_from_disk(newer_folder, newer))
+
+    def stop(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.__exit__(None, None, None)
+
+    def stop_accepting(self) -> None:
+        """New generates are refused (the proxy then routes them elsewhere); in-flight ones go on."""
+        if self.server is not None:
+            self.server.engine.accepting = False
+
+    def in_flight(self) -> int:
+        return 0 if self.server is None else self.server.engine.loop.in_flight
+
+    def abort_all(self) -> None:
+        if self.server is not None:
+            self.server.engine.abort(None)
+
+
+def serve_rollout(config: RolloutEngineConfig, stop: threading.Event) -> None:
+    """Serve until ``stop`` is set (a process's main loop; see ``rollout_process``)."""
+    with PostgresEventLog(StoreConfig(config.database_url)) as log:
+        engine = RolloutEngine(config, log)
+        engine.start()
+        try:
             stop.wait()
+        finally:
+            engine.stop()
 
 
 def rollout_process(config: RolloutEngineConfig) -> None:

@@ -11,6 +11,7 @@ burst end.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 
 from gyre_store.catalog import CellJoinedBatch, CellRole
@@ -85,8 +86,18 @@ def _reduced_or_newer(cell: Cell, batch: int, held: dict[str, int], attempt: int
     return result
 
 
-def run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
-    """Take part in the batches `bursts` give this cell (`BurstPlan.joins`), as a satellite."""
+def run_satellite(
+    cell: Cell,
+    bursts: tuple[BurstPlan, ...],
+    *,
+    record_roles: bool = True,
+    on_join: Callable[[int], None] | None = None,
+) -> None:
+    """Take part in the batches `bursts` give this cell (`BurstPlan.joins`), as a satellite.
+
+    `record_roles=False` leaves the cell's role changes to whoever decides them (a live run's
+    controller); `on_join(batch)` is called once per burst, when the cell has joined a batch
+    and holds the core's snapshot."""
     c = cell.config
     have: int | None = None  # the policy version this replica holds
     for burst in bursts:
@@ -107,9 +118,10 @@ def run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
             queue.renew(c.cell, [])  # heartbeat before joining: the core must see this cell alive
             if not cell.board.join(batch, c.cell, version):
                 continue  # the window closed first: try the burst's next batch
-            if not joined:
+            first = not joined
+            if first and record_roles:
                 cell.role(CellRole.TRAINING, CellRole.ROLLOUT, f"joined batch {batch}")
-                joined = True
+            joined = True
             cell.record(
                 CellJoinedBatch(
                     run_id=c.run_id,
@@ -123,6 +135,8 @@ def run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
             if have != version:
                 cell.replica.pull(version, c.wait_timeout_s)
                 have = version
+            if first and on_join is not None:
+                on_join(batch)
             cell.replica.zero_gradients()
             plan, loss = _satellite_batch(cell, batch)
             if c.cell in plan.cells:
@@ -131,5 +145,5 @@ def run_satellite(cell: Cell, bursts: tuple[BurstPlan, ...]) -> None:
                 cell.replica.broadcast(plan)
                 have = version + 1
             cell.replica.zero_gradients()
-        if joined:
+        if joined and record_roles:
             cell.role(CellRole.ROLLOUT, CellRole.TRAINING, "burst end: satellite returns to rollout")

@@ -22,10 +22,9 @@ def test_a_micro_step_smaller_than_the_context_is_refused() -> None:
 
 
 @pytest.mark.parametrize("policy", ["elastic", "colocate"])
-def test_a_policy_that_moves_cells_is_refused_before_the_run_starts(policy: str) -> None:
-    # A live run cannot move cells between roles yet: refused with the reason, not left to the
-    # controller's first transition.
-    with pytest.raises(ConfigFileError, match=rf"policy '{policy}' moves cells .* cannot do yet"):
-        parse_config(f'policy = "{policy}"\n', where="run.toml")
+def test_a_policy_that_moves_cells_reaches_the_scheduler(policy: str) -> None:
+    config = parse_config(f'policy = "{policy}"\ncells = 3\ntau_s = 0.5\n', where="run.toml")
+    sched = config.sched()
+    assert (sched.policy.value, sched.cells, sched.tau_s) == (policy, 3, 0.5)
     with pytest.raises(ConfigFileError, match="policy must be one of"):
         parse_config('policy = "sideways"\n')

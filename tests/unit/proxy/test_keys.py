@@ -39,3 +39,29 @@ def test_a_key_issued_after_the_last_read_is_found_at_once() -> None:
     key = issue_key(log, execution_id="ex2", run_id="run", harness="openai")
     auth = keys.resolve_sync(key)
     assert auth is not None and auth.harness == "openai"
+
+
+class _CommitsBetween(InMemoryEventLog):
+    """A log where another process's key lands just after a read that found nothing (before
+    the reader asks for the head): the interleaving that lost a key in a live run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arm = False
+
+    def read(self, after: int, **kwargs: object):  # type: ignore[no-untyped-def, override]
+        events = super().read(after, **kwargs)  # type: ignore[arg-type]
+        if self.arm and not events:
+            self.arm = False
+            self.key = issue_key(self, execution_id="late", run_id="run", harness="builtin")
+        return events
+
+
+def test_a_key_issued_while_the_log_is_read_is_not_skipped() -> None:
+    log = _CommitsBetween()
+    keys = StoreKeys(log, recheck_s=60.0, clock=_Clock())
+    issue_key(log, execution_id="first", run_id="run", harness="builtin")
+    log.arm = True
+    assert keys.resolve_sync("gyre-unknown") is None  # the read that finds nothing; a key lands
+    auth = keys.resolve_sync(log.key)
+    assert auth is not None and auth.execution_id == "late"
