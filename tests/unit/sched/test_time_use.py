@@ -1,0 +1,96 @@
+"""The time account of a simulated run: every second of a step, once, by cause."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+
+from gyre_sched import get_preset, simulate
+from gyre_sched.sim import WORKLOADS, Preset
+from gyre_sched.sim.explain import main as explain
+from gyre_sched.sim.time_use import StepTimeUse, TimeUse, format_account, seconds_by_use
+
+ROWS = ("ablation-E0", "ablation-E1", "ablation-A1", "ablation-A3", "ablation-C0", "ablation-C2")
+
+
+def _run(preset: Preset, steps: int, seed: int = 3, **cluster: float) -> tuple[float, list[StepTimeUse]]:
+    c = msgspec.structs.replace(preset.cluster, **cluster)
+    result = simulate(preset.sched, c, WORKLOADS[preset.workload], steps=steps, seed=seed).result
+    return result.total_h, list(result.time_use)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_every_second_of_every_step_is_accounted_once(name: str) -> None:
+    preset = get_preset(name)
+    result = simulate(preset.sched, preset.cluster, WORKLOADS[preset.workload], steps=6, seed=3).result
+    assert [s.step for s in result.time_use] == list(range(6))
+    for step, hours in zip(result.time_use, result.step_durations_h, strict=True):
+        assert sum(u.seconds for u in step.uses) == pytest.approx(hours * 3600, rel=1e-9)
+        assert all(u.seconds > 0 for u in step.uses)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_overheads_are_counted_where_the_trainer_pays_them(name: str) -> None:
+    preset = get_preset(name)
+    s, c = preset.sched, preset.cluster
+    steps = 6
+    _, account = _run(preset, steps)
+    spent = seconds_by_use(account)
+    assert spent[TimeUse.UPDATE] == pytest.approx(steps * c.update_s)
+    # the run ends at its last update: a publication follows every burst end before it
+    publications = sum(1 for k in range(steps - 1) if (k + 1) % s.mu == 0)
+    assert spent[TimeUse.PUBLICATION] == pytest.approx(publications * c.publish_s)
+    assert spent[TimeUse.BROADCAST] == pytest.approx((steps - 1 - publications) * c.broadcast_s)
+
+
+def test_free_training_leaves_a_rollout_bound_run() -> None:
+    # with training all but free, the elastic run waits for ready groups or for cells to
+    # be allowed into training; it is never bound by training itself
+    _, account = _run(get_preset("ablation-E0"), 6, train_node_hours_per_group=0.001, pipeline_s=0.0)
+    spent = seconds_by_use(account)
+    bound = sum(v for u, v in spent.items() if u.name.startswith("BOUND"))
+    waiting = spent[TimeUse.WAIT_IDLE] + spent[TimeUse.WAIT_TRAINING]
+    assert bound < 0.01 * sum(spent.values())
+    assert waiting > 0.5 * sum(spent.values())
+
+
+def test_elastic_bursts_start_with_every_cell_held_in_rollout_by_the_waterlevel() -> None:
+    # E0 dispatches (phi + mu) N B = 1792 executions onto 1152 slots: eq. 2 keeps the core
+    # in rollout at the start of every burst, and only there
+    preset = get_preset("ablation-E0")
+    _, account = _run(preset, 6)
+    mu = preset.sched.mu
+    first = seconds_by_use([s for s in account if s.step % mu == 0])
+    later = seconds_by_use([s for s in account if s.step % mu != 0])
+    assert first[TimeUse.JOIN_WATERLEVEL] > 3600
+    assert later[TimeUse.JOIN_WATERLEVEL] == 0
+
+
+def test_a_small_fixed_partition_is_training_bound() -> None:
+    # A1 trains on 8 of 32 nodes: most of its time its two cells compute while groups wait
+    _, account = _run(get_preset("ablation-A1"), 6)
+    spent = seconds_by_use(account)
+    assert spent[TimeUse.BOUND_ALL] > 0.6 * sum(spent.values())
+    assert spent[TimeUse.JOIN_WATERLEVEL] == spent[TimeUse.BOUND_WATERLEVEL] == 0
+
+
+def test_format_account_prints_each_use_and_the_total() -> None:
+    preset = get_preset("ablation-E0")
+    runs = [_run(preset, 6, seed=seed)[1] for seed in (0, 1)]
+    text = format_account("E0", runs, preset.sched.mu)
+    lines = text.splitlines()
+    assert lines[0].startswith("E0: where the time goes")
+    used = [u for u in TimeUse if any(seconds_by_use(r)[u] for r in runs)]
+    assert [line.startswith(u.value) for line, u in zip(lines[2:-1], used, strict=True)] == [True] * len(used)
+    mean_total = sum(sum(seconds_by_use(r).values()) for r in runs) / 2 / 3600
+    assert math.isclose(float(lines[-1].split()[-1]), mean_total, abs_tol=0.006)
+
+
+def test_explain_prints_the_account_and_the_total(capsys: pytest.CaptureFixture[str]) -> None:
+    assert explain(["--preset", "ablation-E1", "--seeds", "1", "--train-cost", "0.3", "--no-overheads"]) == 0
+    out = capsys.readouterr().out
+    assert "waiting for ready groups" in out
+    assert "optimizer update" not in out  # no overheads: none is paid
+    assert out.strip().splitlines()[-1].startswith("simulated total ")
