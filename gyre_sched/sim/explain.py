@@ -1,7 +1,8 @@
 """``python -m gyre_sched.sim.explain``: where a preset's simulated time goes, by cause.
 
 Runs a preset for a few seeds and prints the time account of ``gyre_sched.sim.time_use``
-(the first step of each burst apart from the others), with optional what-ifs: another
+(the first step of each burst apart from the others) and, for seed 0, what each burst's
+last consumed group waited for (``burst_readiness``). Optional what-ifs: another
 training cost, another cell capacity, or every scheduling overhead set to zero. The
 what-ifs measure a mechanism's share; they are not calibrations.
 """
@@ -16,7 +17,7 @@ import msgspec
 
 from gyre_sched.sim.presets import WORKLOADS, get_preset
 from gyre_sched.sim.simulator import simulate
-from gyre_sched.sim.time_use import format_account
+from gyre_sched.sim.time_use import burst_readiness, format_account, format_readiness
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,11 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     hours = []
     for seed in range(args.seeds):
-        result = simulate(sched, cluster, WORKLOADS[preset.workload], steps=preset.steps, seed=seed).result
-        runs.append(result.time_use)
-        hours.append(result.total_h)
+        run = simulate(
+            sched, cluster, WORKLOADS[preset.workload], steps=preset.steps, seed=seed, keep_log=True
+        )
+        runs.append(run.result.time_use)
+        hours.append(run.result.total_h)
+        if seed == 0:
+            bursts = burst_readiness(sched, run.log, run.result.step_end_s)
     print(format_account(preset.name, runs, sched.mu))
     print(f"simulated total {sum(hours) / len(hours):.2f} h (seeds: {', '.join(f'{h:.2f}' for h in hours)})")
+    print(
+        f"what each burst waited for (seed 0; hours from the burst's dispatch):\n{format_readiness(bursts)}"
+    )
     return 0
 
 

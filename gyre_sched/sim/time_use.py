@@ -16,9 +16,22 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from gyre_sched.config import SchedConfig
-from gyre_sched.decision import CellRole, DecisionState, Policy, supply
+from gyre_sched.decision import (
+    CellRole,
+    DecisionState,
+    DispatchGroups,
+    ExecutionFinished,
+    GroupClaimed,
+    GroupReady,
+    LogEntry,
+    Outcome,
+    Policy,
+    StartExecutions,
+    supply,
+)
 from gyre_sched.decision.ledger import supply_threshold
 from gyre_sched.sim.training import Phase, TrainerView
+from gyre_sched.sim.workload import HOUR
 
 
 class TimeUse(enum.Enum):
@@ -189,5 +202,98 @@ def format_account(name: str, runs: Sequence[Sequence[StepTimeUse]], mu: int) ->
     for label, hours in [*rows, ("total", [sum(h[i] for _, h in rows) for i in range(len(columns))])]:
         lines.append(
             "  ".join([f"{label:{width}}", *(f"{h:{w}.2f}" for h, w in zip(hours, heads, strict=True))])
+        )
+    return "\n".join(lines)
+
+
+class BurstReadiness(msgspec.Struct, frozen=True):
+    """When a burst's last consumed group came ready, and why then (hours from its dispatch).
+
+    ``wave_*`` count the groups dispatched at the burst's start: how many hold an execution
+    that ended at a ceiling (harness timeout or overall budget; of the executions that ended
+    within the run), and how many had an execution wait in the queue.
+    """
+
+    burst: int
+    start_h: float  # the burst's dispatch (the previous publication), from the run's start
+    last_ready_h: float  # the latest-ready group the burst consumed
+    last_dispatched_h: float  # that group's dispatch (negative: an earlier wave)
+    last_start_delay_h: float  # its latest-ending execution: from the dispatch to its start
+    last_duration_h: float  # that execution's duration
+    last_outcome: Outcome  # how that execution ended
+    end_h: float  # the burst's last update
+    wave_groups: int
+    wave_at_ceiling: int
+    wave_queued: int
+
+
+def burst_readiness(
+    sched: SchedConfig, log: Sequence[LogEntry], step_end_s: Sequence[float]
+) -> list[BurstReadiness]:
+    """Per whole burst of a kept simulation log: what the burst waited for."""
+    n, mu = sched.group_size, sched.mu
+    dispatched: dict[int, float] = {}
+    wave_starts: list[tuple[float, range]] = []
+    started: dict[int, float] = {}  # execution -> its start
+    ended: dict[int, ExecutionFinished] = {}  # group -> its latest-ending execution
+    ceiling: set[int] = set()
+    ready: dict[int, float] = {}
+    consumed: dict[int, int] = {}  # group -> step
+    for entry in log:
+        event = entry.input
+        if isinstance(event, ExecutionFinished):
+            group = event.execution // n
+            if event.outcome is not Outcome.COMPLETED:
+                ceiling.add(group)
+            if group not in ended or event.at >= ended[group].at:
+                ended[group] = event
+        elif isinstance(event, GroupReady):
+            ready[event.group] = event.at
+        elif isinstance(event, GroupClaimed):
+            consumed[event.group] = event.step
+        for decision in entry.decisions:
+            if isinstance(decision, DispatchGroups):
+                wave = range(decision.first_group, decision.first_group + decision.groups)
+                wave_starts.append((decision.at, wave))
+                dispatched.update(dict.fromkeys(wave, decision.at))
+            elif isinstance(decision, StartExecutions):
+                for placement in decision.placements:
+                    started.setdefault(placement.execution, decision.at)  # a reroute is no start
+    out = []
+    for burst in range(len(step_end_s) // mu):
+        start, wave = wave_starts[burst]
+        groups = [g for g, step in consumed.items() if step // mu == burst]
+        last = max(groups, key=lambda g: ready[g])
+        final = ended[last]
+        out.append(
+            BurstReadiness(
+                burst=burst,
+                start_h=start / HOUR,
+                last_ready_h=(ready[last] - start) / HOUR,
+                last_dispatched_h=(dispatched[last] - start) / HOUR,
+                last_start_delay_h=(started[final.execution] - dispatched[last]) / HOUR,
+                last_duration_h=(final.at - started[final.execution]) / HOUR,
+                last_outcome=final.outcome,
+                end_h=(step_end_s[burst * mu + mu - 1] - start) / HOUR,
+                wave_groups=len(wave),
+                wave_at_ceiling=sum(g in ceiling for g in wave),
+                wave_queued=sum(any(started.get(g * n + k, start) > start for k in range(n)) for g in wave),
+            )
+        )
+    return out
+
+
+def format_readiness(bursts: Sequence[BurstReadiness]) -> str:
+    """A text table of ``burst_readiness``."""
+    lines = [
+        "burst  start h  last group ready h  (dispatched, its last execution: start delay, duration,"
+        " end)  last update h  wave: groups, at a ceiling, queued"
+    ]
+    for b in bursts:
+        lines.append(
+            f"{b.burst:5d}  {b.start_h:7.2f}  {b.last_ready_h:18.2f}  "
+            f"({b.last_dispatched_h:+.2f}, {b.last_start_delay_h:.2f}, {b.last_duration_h:.2f}, "
+            f"{b.last_outcome.value})"
+            f"  {b.end_h:13.2f}  {b.wave_groups}, {b.wave_at_ceiling}, {b.wave_queued}"
         )
     return "\n".join(lines)

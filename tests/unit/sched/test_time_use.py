@@ -1,4 +1,5 @@
-"""The time account of a simulated run: every second of a step, once, by cause."""
+"""The time account of a simulated run: every second of a step, once, by cause; and what
+each burst of a kept log waited for."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import pytest
 from gyre_sched import get_preset, simulate
 from gyre_sched.sim import WORKLOADS, Preset
 from gyre_sched.sim.explain import main as explain
-from gyre_sched.sim.time_use import StepTimeUse, TimeUse, format_account, seconds_by_use
+from gyre_sched.sim.time_use import (
+    StepTimeUse,
+    TimeUse,
+    burst_readiness,
+    format_account,
+    format_readiness,
+    seconds_by_use,
+)
 
 ROWS = ("ablation-E0", "ablation-E1", "ablation-A1", "ablation-A3", "ablation-C0", "ablation-C2")
 
@@ -93,4 +101,27 @@ def test_explain_prints_the_account_and_the_total(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "waiting for ready groups" in out
     assert "optimizer update" not in out  # no overheads: none is paid
-    assert out.strip().splitlines()[-1].startswith("simulated total ")
+    assert any(line.startswith("simulated total ") for line in out.splitlines())
+    assert "what each burst waited for" in out
+
+
+def test_burst_readiness_names_what_each_burst_waited_for() -> None:
+    preset = get_preset("ablation-E0")
+    s, workload = preset.sched, WORKLOADS[preset.workload]
+    for capacity, queued in ((s.cell_capacity, True), (3 * s.cell_capacity, False)):
+        sched = msgspec.structs.replace(s, cell_capacity=capacity)
+        run = simulate(sched, preset.cluster, workload, steps=6, seed=0, keep_log=True)
+        bursts = burst_readiness(sched, run.log, run.result.step_end_s)
+        assert [b.wave_groups for b in bursts] == [s.initial_groups, s.burst_groups]
+        assert bursts[1].start_h * 3600 == pytest.approx(run.result.step_end_s[2] + preset.cluster.publish_s)
+        for b in bursts:
+            assert b.last_ready_h <= b.end_h
+            assert 0 < b.wave_at_ceiling < b.wave_groups
+            # with room for every execution nothing waits to start, and the burst's last
+            # group is one whose execution ran to a ceiling (4.0 h) from the dispatch
+            assert (b.wave_queued > 0) is queued
+            assert (b.last_start_delay_h > 0) is queued or b.last_start_delay_h == 0
+            if not queued:
+                assert b.last_ready_h == pytest.approx(b.last_duration_h)
+                assert b.last_duration_h == pytest.approx(workload.harness_timeout_h)
+    assert "wave: groups, at a ceiling, queued" in format_readiness(bursts).splitlines()[0]
