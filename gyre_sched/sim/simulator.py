@@ -29,6 +29,7 @@ from gyre_sched.decision import (
     Placement,
     RunStarted,
     TransitionDone,
+    WeightsPublished,
     carry_out,
 )
 from gyre_sched.exceptions import ConfigError
@@ -205,6 +206,8 @@ def simulate(
                         heap.push([(now, GroupReady(now, group))])
                 case GroupReady():
                     heap.push(trainer.pump(now))
+                case WeightsPublished():  # the core is decided: the next batch opens
+                    heap.push(trainer.open_batch(now))
                 case GroupClaimed(group=group, step=step):
                     staleness.append(step - world.version_of.pop(group))
                 case TransitionDone(cell=cell):

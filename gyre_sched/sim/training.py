@@ -228,7 +228,11 @@ class Trainer:
         return [closed, (now + self._cluster.broadcast_s, BroadcastDone())]
 
     def publish_done(self, now: float) -> list[Scheduled]:
-        return [(now, WeightsPublished(now, self.step + 1)), *self.open_batch(now)]
+        """The rollout engines hold the new policy. The next batch opens only after the
+        scheduler has decided about the core (the simulator calls ``open_batch`` once the
+        decision core has seen ``WeightsPublished``): a core returning to rollout takes no
+        micro-step of the next batch on its way out."""
+        return [(now, WeightsPublished(now, self.step + 1))]
 
     def broadcast_done(self, now: float) -> list[Scheduled]:
         return self.open_batch(now)

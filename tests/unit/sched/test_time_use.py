@@ -1,5 +1,5 @@
-"""The time account of a simulated run: every second of a step, once, by cause; and what
-each burst of a kept log waited for."""
+"""The time account of a simulated run (every second of a step, once, by cause), and who
+may compute a batch's micro-steps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import msgspec
 import pytest
 
-from gyre_sched import get_preset, simulate
+from gyre_sched import CellRole, DecisionCore, GroupClaimed, get_preset, simulate
 from gyre_sched.sim import WORKLOADS, Preset
 from gyre_sched.sim.explain import main as explain
 from gyre_sched.sim.time_use import (
@@ -125,3 +125,20 @@ def test_burst_readiness_names_what_each_burst_waited_for() -> None:
                 assert b.last_ready_h == pytest.approx(b.last_duration_h)
                 assert b.last_duration_h == pytest.approx(workload.harness_timeout_h)
     assert "wave: groups, at a ceiling, queued" in format_readiness(bursts).splitlines()[0]
+
+
+@pytest.mark.parametrize("name", ["ablation-E0", "ablation-E1", "ablation-C2", "smoke"])
+def test_only_cells_in_the_training_role_claim_groups(name: str) -> None:
+    # A cell returning to rollout at a burst end (eq. 3 failed) takes no micro-step of the
+    # next batch: the batch opens only after the scheduler has decided about the core.
+    # Before, the core claimed a group and computed a micro-step on its way to rollout.
+    preset = get_preset(name)
+    run = simulate(preset.sched, preset.cluster, WORKLOADS[preset.workload], steps=6, seed=1, keep_log=True)
+    replay = DecisionCore(preset.sched)
+    claims = 0
+    for entry in run.log:
+        if isinstance(entry.input, GroupClaimed):
+            claims += 1
+            assert CellRole.TRAIN in replay.state().roles, f"claim at t={entry.input.at:.0f} s"
+        replay.handle(entry.input)
+    assert claims == 6 * preset.sched.batch_groups
