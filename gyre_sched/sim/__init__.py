@@ -38,6 +38,7 @@ from gyre_sched.sim.presets import (
 from gyre_sched.sim.results import SimResult, TransitionRecord, cumulative_speedup
 from gyre_sched.sim.simulator import SimCluster, SimRun, simulate
 from gyre_sched.sim.tables import MET_TOLERANCE, AblationRow, SpeedupRow, ablation_table, speedup_table
+from gyre_sched.sim.time_use import StepTimeUse, TimeUse, UseSeconds, format_account, seconds_by_use
 from gyre_sched.sim.training import (
     BroadcastDone,
     EventQueue,
@@ -91,14 +92,18 @@ __all__ = [
     "SimResult",
     "SimRun",
     "SpeedupRow",
+    "StepTimeUse",
+    "TimeUse",
     "Trainer",
     "TransitionRecord",
     "UpdateDone",
+    "UseSeconds",
     "WorkloadModel",
     "ablation_table",
     "calibrate",
     "cumulative_speedup",
     "fit_profile",
+    "format_account",
     "get_preset",
     "load_workload",
     "measured_cluster",
@@ -108,6 +113,7 @@ __all__ = [
     "profile",
     "profile_draws",
     "role_timeline",
+    "seconds_by_use",
     "simulate",
     "speedup_table",
     "steps_and_speedup",

@@ -18,7 +18,7 @@ from gyre_sched.sim.workload import CeilingLogNormal
 # Calibrated by ``gyre simulate --fit`` (gyre_sched.sim.fit, docs/scheduler.md): node-hours
 # of training work per rollout group, fitted on the Colocate rows / the 2.4T Colocate speedup.
 TRAIN_NODE_HOURS_PER_GROUP_122B = 0.57
-TRAIN_NODE_HOURS_PER_GROUP_2_4T = 3.0
+TRAIN_NODE_HOURS_PER_GROUP_2_4T = 11.5
 
 EXECUTIONS_PER_NODE_122B = 36  # paper: 144 concurrent executions per 4-node cell
 EXECUTIONS_PER_NODE_SWE = 48  # paper: 192 per 4-node cell on DeepSWE and TerminalBench

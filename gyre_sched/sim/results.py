@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from gyre_sched.decision import Direction
+from gyre_sched.sim.time_use import StepTimeUse
 
 
 class TransitionRecord(msgspec.Struct, frozen=True):
@@ -56,6 +57,7 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     reroutes: int
     executions_finished: int
     inputs_processed: int
+    time_use: tuple[StepTimeUse, ...] = ()  # where each step's time went (``time_use``)
 
     def to_json(self) -> bytes:
         """The result as JSON bytes."""

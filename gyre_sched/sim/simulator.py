@@ -29,11 +29,13 @@ from gyre_sched.decision import (
     Placement,
     RunStarted,
     TransitionDone,
+    WeightsPublished,
     carry_out,
 )
 from gyre_sched.exceptions import ConfigError
 from gyre_sched.sim.cluster import ClusterConfig
 from gyre_sched.sim.results import SimResult, TransitionRecord, WaterlevelSample
+from gyre_sched.sim.time_use import Classifier, TimeAccount
 from gyre_sched.sim.training import (
     BroadcastDone,
     EventQueue,
@@ -42,6 +44,7 @@ from gyre_sched.sim.training import (
     ReadyPool,
     Scheduled,
     Trainer,
+    TrainerEvent,
     UpdateDone,
 )
 from gyre_sched.sim.workload import HOUR, WorkloadModel
@@ -155,65 +158,72 @@ def simulate(
     records: list[TransitionRecord] = []
     water: list[WaterlevelSample] = []
     last_sample: tuple[int, int, int] | None = None
+    account = TimeAccount()
+    classifier = Classifier(sched, decider.policy, cluster.streaming)
     inputs = finished = 0
     n = sched.group_size
 
     while heap and len(step_end) < steps:
         now, event = heap.pop()
         world.now = now
-        if isinstance(event, MicrostepDone):
-            heap.push(trainer.microstep_done(event.cell, now))
-            continue
-        if isinstance(event, UpdateDone):
-            heap.push(trainer.update_done(now))
-            step_end.append(now)
-            if on_step is not None:
-                on_step(len(step_end))
-            continue
-        if isinstance(event, PublishDone):
-            heap.push(trainer.publish_done(now))
-            continue
-        if isinstance(event, BroadcastDone):
-            heap.push(trainer.broadcast_done(now))
-            continue
-        inputs += 1
-        decisions = decider.handle(event)
-        if keep_log:
-            log.append(LogEntry(event, decisions))
-        world.pending = []
-        carry_out(decisions, world)
-        heap.push(world.pending)
-        for decision in decisions:
-            if isinstance(decision, BeginTransition):
-                transitions[decision.cell] = len(records)
-                records.append(
-                    TransitionRecord(
-                        now, None, decision.cell, decision.direction, decision.w, decision.c_r, decision.c_e
+        if isinstance(event, _TRAINER_EVENTS):
+            heap.push(_trainer_event(trainer, event, now))
+            if isinstance(event, UpdateDone):
+                step_end.append(now)
+                if on_step is not None:
+                    on_step(len(step_end))
+        else:
+            inputs += 1
+            decisions = decider.handle(event)
+            if keep_log:
+                log.append(LogEntry(event, decisions))
+            world.pending = []
+            carry_out(decisions, world)
+            heap.push(world.pending)
+            for decision in decisions:
+                if isinstance(decision, BeginTransition):
+                    transitions[decision.cell] = len(records)
+                    records.append(
+                        TransitionRecord(
+                            now,
+                            None,
+                            decision.cell,
+                            decision.direction,
+                            decision.w,
+                            decision.c_r,
+                            decision.c_e,
+                        )
                     )
-                )
-        # the world reacts to the fact after the decision core has decided on it
-        match event:
-            case ExecutionFinished(execution=execution):
-                finished += 1
-                group = execution // n
-                finished_in_group[group] = finished_in_group.get(group, 0) + 1
-                if finished_in_group[group] == n:
-                    del finished_in_group[group]
-                    pool.mark_ready(group)
-                    heap.push([(now, GroupReady(now, group))])
-            case GroupReady():
-                heap.push(trainer.pump(now))
-            case GroupClaimed(group=group, step=step):
-                staleness.append(step - world.version_of.pop(group))
-            case TransitionDone(cell=cell):
-                index = transitions.pop(cell)
-                done = records[index]
-                records[index] = TransitionRecord(
-                    done.at_s, now, done.cell, done.direction, done.w, done.c_r, done.c_e
-                )
-                if done.direction is Direction.TO_TRAIN and decider.state().roles[cell].value == "train":
-                    heap.push(trainer.add_member(cell, now))
+            # the world reacts to the fact after the decision core has decided on it
+            match event:
+                case ExecutionFinished(execution=execution):
+                    finished += 1
+                    group = execution // n
+                    finished_in_group[group] = finished_in_group.get(group, 0) + 1
+                    if finished_in_group[group] == n:
+                        del finished_in_group[group]
+                        pool.mark_ready(group)
+                        heap.push([(now, GroupReady(now, group))])
+                case GroupReady():
+                    heap.push(trainer.pump(now))
+                case WeightsPublished():  # the core is decided: the next batch opens
+                    heap.push(trainer.open_batch(now))
+                case GroupClaimed(group=group, step=step):
+                    staleness.append(step - world.version_of.pop(group))
+                case TransitionDone(cell=cell):
+                    index = transitions.pop(cell)
+                    done = records[index]
+                    records[index] = TransitionRecord(
+                        done.at_s, now, done.cell, done.direction, done.w, done.c_r, done.c_e
+                    )
+                    if done.direction is Direction.TO_TRAIN and decider.state().roles[cell].value == "train":
+                        heap.push(trainer.add_member(cell, now))
         state = decider.state()
+        account.observe(now, classifier.classify(trainer.view(), state, pool.eligible()))
+        if isinstance(event, UpdateDone):
+            account.end_step()
+        if isinstance(event, _TRAINER_EVENTS):
+            continue
         sample = (
             state.counters.waterlevel,
             state.rollout_capacity - sched.cell_capacity,
@@ -244,8 +254,23 @@ def simulate(
         reroutes=world.reroutes,
         executions_finished=finished,
         inputs_processed=inputs,
+        time_use=tuple(account.steps),
     )
     return SimRun(result, log)
+
+
+_TRAINER_EVENTS = (MicrostepDone, UpdateDone, PublishDone, BroadcastDone)
+
+
+def _trainer_event(trainer: Trainer, event: TrainerEvent, now: float) -> list[Scheduled]:
+    """What the trainer schedules when one of its own events comes due."""
+    if isinstance(event, MicrostepDone):
+        return trainer.microstep_done(event.cell, now)
+    if isinstance(event, UpdateDone):
+        return trainer.update_done(now)
+    if isinstance(event, PublishDone):
+        return trainer.publish_done(now)
+    return trainer.broadcast_done(now)
 
 
 def _thin(samples: list[WaterlevelSample], limit: int) -> tuple[WaterlevelSample, ...]:

@@ -44,7 +44,8 @@ class PublishDone:
     """Internal: the rollout engines hold the new weights."""
 
 
-SimEvent = Input | MicrostepDone | UpdateDone | BroadcastDone | PublishDone
+TrainerEvent = MicrostepDone | UpdateDone | BroadcastDone | PublishDone
+SimEvent = Input | TrainerEvent
 Scheduled = tuple[float, SimEvent]
 
 
@@ -108,6 +109,20 @@ class Phase(enum.Enum):
     BETWEEN = "between"  # broadcasting or publishing
 
 
+@dataclass(frozen=True)
+class TrainerView:
+    """What the trainer is doing now, for the time account (``gyre_sched.sim.time_use``)."""
+
+    phase: Phase
+    publishing: bool  # in BETWEEN: publishing after a burst's last update, else broadcasting
+    members: int  # cells holding the training role in the trainer
+    busy: int  # cells computing a micro-step
+    queue: int  # claimed micro-steps no cell has taken yet
+    claimed: int  # groups the open batch has claimed
+    step: int  # the open (or last) batch
+    batch_started: bool  # non-streaming: the batch has its groups and its cells
+
+
 class Trainer:
     """Batches of B groups processed by whichever cells hold the training role."""
 
@@ -126,6 +141,19 @@ class Trainer:
         self.step = -1
         self.phase = Phase.IDLE
         self._microstep_s = cluster.microstep_s()
+
+    def view(self) -> TrainerView:
+        """A snapshot of the batch cycle."""
+        return TrainerView(
+            phase=self.phase,
+            publishing=self.phase is Phase.BETWEEN and (self.step + 1) % self._sched.mu == 0,
+            members=len(self._members),
+            busy=len(self._busy),
+            queue=self._queue,
+            claimed=self._claimed,
+            step=self.step,
+            batch_started=self._participants is not None,
+        )
 
     def add_member(self, cell: int, now: float) -> list[Scheduled]:
         self._members.add(cell)
@@ -200,7 +228,11 @@ class Trainer:
         return [closed, (now + self._cluster.broadcast_s, BroadcastDone())]
 
     def publish_done(self, now: float) -> list[Scheduled]:
-        return [(now, WeightsPublished(now, self.step + 1)), *self.open_batch(now)]
+        """The rollout engines hold the new policy. The next batch opens only after the
+        scheduler has decided about the core (the simulator calls ``open_batch`` once the
+        decision core has seen ``WeightsPublished``): a core returning to rollout takes no
+        micro-step of the next batch on its way out."""
+        return [(now, WeightsPublished(now, self.step + 1))]
 
     def broadcast_done(self, now: float) -> list[Scheduled]:
         return self.open_batch(now)

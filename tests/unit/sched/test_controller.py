@@ -24,7 +24,7 @@ from gyre_sched import (
     SchedConfig,
     simulate,
 )
-from gyre_sched.decision import ExecutionFinished, GroupReady, RunStarted, TransitionDone
+from gyre_sched.decision import ExecutionFinished, GroupReady, RunStarted, TransitionDone, WeightsPublished
 from gyre_sched.live import (
     Controller,
     ProtocolStep,
@@ -261,6 +261,8 @@ def drive(
                     heap.push([(now, GroupReady(now, group))])
             case GroupReady():
                 heap.push(trainer.pump(now))
+            case WeightsPublished():  # the next batch opens once the core is decided
+                heap.push(trainer.open_batch(now))
             case TransitionDone(cell=cell):
                 if controller.state().roles[cell].value == "train":
                     heap.push(trainer.add_member(cell, now))
