@@ -282,7 +282,11 @@ class ElasticCell:
             self._done(command, CellStep.JOIN, began, f"batch {batch}")
 
         if self._index == CORE:
+            self.training = True  # packing resumes (after a core_stays decision too)
             run_core(self.cell, (BurstPlan(batches),), self.publisher, record_roles=False, on_join=joined)
+            # The burst is published: the next batch is packed only once the controller has
+            # decided about the core (it stays, or returns to rollout and claims nothing more).
+            self.training = False
         else:
             burst = BurstPlan(batches, joins={self._index: (0, 0)})
             run_satellite(self.cell, (burst,), record_roles=False, on_join=joined)
