@@ -25,6 +25,14 @@ from gyre_proxy.engines.types import (
     EngineInfo,
     GenerateDelta,
     GenerateResult,
+    ImportedKv,
+    KvCacheFull,
+    KvCacheIncompatible,
+    KvCacheNotFound,
+    KvMigrationError,
+    KvMigrationUnsupported,
+    KvPayload,
+    PinnedKv,
     SamplingConfig,
     WeightUpdate,
 )
@@ -77,6 +85,29 @@ def error_message(response: HttpResponse) -> str:
             if key in body:
                 return str(body[key])
     return str(body)
+
+
+_KV_ERRORS: dict[str, type[KvMigrationError]] = {
+    engine_api.KV_NOT_FOUND: KvCacheNotFound,
+    engine_api.KV_CACHE_FULL: KvCacheFull,
+    engine_api.KV_INCOMPATIBLE: KvCacheIncompatible,
+    engine_api.KV_UNSUPPORTED: KvMigrationUnsupported,
+}
+
+
+def kv_error_for(response: HttpResponse) -> EngineError:
+    """The typed error of a refused ``/gyre/kv/...`` call: by the body's ``code``, else a 404
+    without one is an engine without these endpoints (SGLang), else as ``error_for``."""
+    try:
+        body = engine_api.decode(response.content, engine_api.KvErrorResponse)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        body = None
+    if body is not None and body.error.code in _KV_ERRORS:
+        return _KV_ERRORS[body.error.code](body.error.message)
+    message = error_message(response)
+    if response.status in (404, 405):
+        return KvMigrationUnsupported(f"the engine has no KV-migration endpoint: {message}")
+    return error_for(response.status, message)
 
 
 def error_for(status: int, message: str) -> EngineError:
@@ -350,6 +381,68 @@ class EngineClient:
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         body = engine_api.MemoryOccupationRequest(tags=list(tags) if tags else None)
         await self._call("POST", "/resume_memory_occupation", body, bytes)
+
+    # -- KV migration (reference engine only) ------------------------------------------------
+    #
+    # A reroute that keeps its KV: ``pin_and_export`` on the source (instead of ``abort``; the
+    # request's stream ends with finish ABORT as after an abort), ``import_kv`` on the
+    # destination, then the retry's ``generate`` there reuses the imported prefix, and
+    # ``release_kv`` on the source once the destination has taken over. Every refusal is a
+    # ``KvMigrationError``: abort plainly (if the request was not aborted) and re-prefill.
+
+    async def _kv_call(self, path: str, content: bytes, kind: type[T]) -> T:
+        response = await self._http.request("POST", path, content)
+        if response.status != 200:
+            raise kv_error_for(response)
+        return _decode(response.content, kind, path)
+
+    async def pin_and_abort(self, rid: str) -> PinnedKv:
+        """Abort the decoding request ``rid`` and pin its KV on the engine under ``rid``.
+
+        Raises ``KvCacheNotFound`` (``rid`` is not decoding: finished, unknown, or waiting with
+        no KV yet), ``KvCacheFull`` (the pin bound), ``KvMigrationUnsupported``; after any of
+        them the request was **not** aborted.
+        """
+        body = engine_api.encode(engine_api.KvRidRequest(rid=rid))
+        answer = await self._kv_call("/gyre/kv/pin_abort", body, engine_api.KvPinned)
+        return PinnedKv(answer.rid, answer.num_tokens, answer.nbytes, answer.weight_version)
+
+    async def export_kv(self, rid: str) -> KvPayload:
+        """The pinned KV of ``rid`` as a payload (it stays pinned); ``KvCacheNotFound`` if none."""
+        body = engine_api.encode(engine_api.KvRidRequest(rid=rid))
+        content = await self._kv_call("/gyre/kv/export", body, bytes)
+        try:
+            return KvPayload.from_bytes(content)
+        except ValueError as exc:
+            raise EngineProtocolError(f"/gyre/kv/export answered a bad payload: {exc}") from exc
+
+    async def pin_and_export(self, rid: str) -> KvPayload:
+        """``pin_and_abort`` then ``export_kv``: the source's one call of a migration. If the
+        export fails the cache stays pinned; ``release_kv(rid)`` frees it."""
+        await self.pin_and_abort(rid)
+        return await self.export_kv(rid)
+
+    async def import_kv(self, payload: KvPayload | bytes) -> ImportedKv:
+        """Keep ``payload`` as a prefix-cache entry; a later generate whose input ids begin with
+        its token ids prefills only the rest (``meta_info.cached_tokens`` says how many came
+        from it). Raises ``KvCacheIncompatible`` (another model's layout or weight version, or
+        malformed), ``KvCacheFull`` (larger than the import bound)."""
+        data = payload.data if isinstance(payload, KvPayload) else payload
+        # The transport labels bodies as JSON; the engine reads this one as the binary payload.
+        answer = await self._kv_call("/gyre/kv/import", data, engine_api.KvImported)
+        return ImportedKv(answer.key, answer.num_tokens, answer.nbytes)
+
+    async def release_kv(self, rid: str) -> engine_api.KvStatus:
+        """Unpin ``rid``'s KV (the destination has taken over); ``KvCacheNotFound`` if none."""
+        body = engine_api.encode(engine_api.KvRidRequest(rid=rid))
+        return await self._kv_call("/gyre/kv/release", body, engine_api.KvStatus)
+
+    async def kv_status(self) -> engine_api.KvStatus:
+        """How many caches the engine keeps pinned and imported, their bytes and bounds."""
+        response = await self._request("GET", "/gyre/kv/status")
+        if response.status != 200:
+            raise kv_error_for(response)
+        return _decode(response.content, engine_api.KvStatus, "/gyre/kv/status")
 
     # -- gyre admission (reference engine only) ----------------------------------------------
 

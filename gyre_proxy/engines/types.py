@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_proxy.engines import wire as engine_api
+from gyre_proxy.exceptions import EngineError
 
 TokenIds = npt.NDArray[np.int32]
 Logprobs = npt.NDArray[np.float32]
@@ -134,6 +135,82 @@ class WeightUpdate:
 
     message: str
     weight_version: str | None
+
+
+# -- KV-cache migration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PinnedKv:
+    """A request aborted on its engine with its KV kept there under ``rid`` until released."""
+
+    rid: str
+    num_tokens: int  # its input ids and every token it produced
+    nbytes: int
+    weight_version: str
+
+
+@dataclass(frozen=True, eq=False)
+class KvPayload:
+    """An exported KV cache: the payload bytes as the engine wrote them (safetensors, see
+    ``wire.read_kv_payload``), and what its header says."""
+
+    data: bytes
+    rid: str
+    token_ids: TokenIds  # the positions it covers, in order
+    weight_version: str
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KvPayload:
+        """Read the header of ``data``; raises ``ValueError`` when it is not a KV payload."""
+        header = engine_api.read_kv_payload(data)
+        return cls(data, header.meta.rid, header.token_ids, header.meta.weight_version)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class ImportedKv:
+    """A KV payload kept by the destination as a prefix-cache entry under ``key``."""
+
+    key: str
+    num_tokens: int
+    nbytes: int
+
+
+# KV-migration errors extend the EngineError branch of ``gyre_proxy.exceptions``; they live
+# here because migration is confined to the engine layer. Catch ``KvMigrationError`` to fall
+# back to a plain abort and a re-prefill on the destination.
+
+
+class KvMigrationError(EngineError):
+    """A KV-cache migration step was refused; abort plainly and re-prefill on the destination."""
+
+
+class KvCacheNotFound(KvMigrationError):
+    """The engine holds no KV for this request id: it is not decoding (finished, waiting or
+    unknown) or its pinned cache was already released."""
+
+
+class KvCacheFull(KvMigrationError):
+    """The engine's bound on kept KV caches (entries or bytes) refuses another one; release
+    pinned caches first."""
+
+
+class KvCacheIncompatible(KvMigrationError):
+    """The KV payload does not fit the destination's model (layers, KV heads, head dim, dtype,
+    weight version) or is malformed."""
+
+
+class KvMigrationUnsupported(KvMigrationError):
+    """The engine cannot migrate KV caches (a real SGLang server, or a model whose cache is not
+    plain per-layer keys and values)."""
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ ignore fields gyre does not read (SGLang adds timing and cache fields freely). T
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -215,6 +216,140 @@ class AdmissionStatus(msgspec.Struct, frozen=True, kw_only=True):
     accepting: bool
     in_flight: int
     weight_version: str
+
+
+# -- KV-cache migration (gyre's reference engine only) ---------------------------------------
+
+# The payload of ``/gyre/kv/export`` and ``/gyre/kv/import`` is a safetensors file: an 8-byte
+# little-endian header length, a JSON header (each tensor's dtype, shape and byte range, and
+# string metadata), then the raw little-endian tensor bytes. safetensors rather than a format of
+# our own: the header declares every tensor's dtype and shape, so a payload that does not fit
+# the engine's model is refused before its data is read; it is never unpickled; the engines
+# already read it for weights; and this header can be read without torch (``read_kv_payload``).
+KV_PAYLOAD_FORMAT = "gyre_kv_v1"
+KV_PAYLOAD_MEDIA_TYPE = "application/octet-stream"
+# Tensors: the ids int32 [num_tokens]; layer i's "keys.{i}" and "values.{i}", each
+# [num_kv_heads, num_tokens, head_dim] in the cache dtype.
+KV_TOKEN_IDS = "token_ids"
+
+# ``error.code`` of a refused KV call; the message says what to do.
+KV_NOT_FOUND = "kv_not_found"
+KV_CACHE_FULL = "kv_cache_full"
+KV_INCOMPATIBLE = "kv_incompatible"
+KV_UNSUPPORTED = "kv_unsupported"
+
+
+class KvRidRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Body of ``/gyre/kv/pin_abort``, ``/gyre/kv/export`` and ``/gyre/kv/release``."""
+
+    rid: str
+
+
+class KvPinned(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of ``/gyre/kv/pin_abort``: the request is aborted and its KV kept under ``rid``."""
+
+    rid: str
+    num_tokens: int  # positions covered: the input ids and every token it produced
+    nbytes: int
+    weight_version: str
+
+
+class KvImported(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of ``/gyre/kv/import``: the payload is a prefix-cache entry under ``key``."""
+
+    key: str
+    num_tokens: int
+    nbytes: int
+
+
+class KvStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of ``/gyre/kv/status`` and ``/gyre/kv/release``: what the engine keeps, and its bounds."""
+
+    pinned_entries: int
+    pinned_bytes: int
+    max_pinned_entries: int
+    max_pinned_bytes: int
+    imported_entries: int
+    imported_bytes: int
+    max_imported_entries: int
+    max_imported_bytes: int
+
+
+class KvErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    message: str
+    code: str
+
+
+class KvErrorResponse(msgspec.Struct, frozen=True):
+    """``{"error": {"message": ..., "code": ...}}``: SGLang's error envelope with a KV error code."""
+
+    error: KvErrorDetail
+
+
+class KvPayloadMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``__metadata__`` of a KV payload (safetensors metadata is strings only; numbers are
+    converted when read)."""
+
+    format: str
+    rid: str
+    weight_version: str
+    num_tokens: int
+    model_type: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # torch's name of the cache dtype, for example "float32"
+
+    def to_strings(self) -> dict[str, str]:
+        return {name: str(value) for name, value in msgspec.structs.asdict(self).items()}
+
+
+class KvTensorSpec(msgspec.Struct, frozen=True):
+    """One tensor in a safetensors header: its dtype code, shape and byte range after the header."""
+
+    dtype: str
+    shape: list[int]
+    data_offsets: tuple[int, int]
+
+
+@dataclass(frozen=True, eq=False)
+class KvPayloadHeader:
+    """What ``read_kv_payload`` found: the metadata, every tensor's spec, and the token ids."""
+
+    meta: KvPayloadMeta
+    tensors: dict[str, KvTensorSpec]
+    token_ids: npt.NDArray[np.int32]  # [num_tokens]
+
+
+def read_kv_payload(data: bytes) -> KvPayloadHeader:
+    """Read a KV payload's header and token ids without torch; raises ``ValueError`` when
+    ``data`` is not a well-formed payload of this format."""
+    if len(data) < 8:
+        raise ValueError(f"a KV payload is at least 8 bytes, got {len(data)}")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise ValueError(f"the header claims {size} bytes but only {len(data) - 8} follow")
+    try:
+        header = msgspec.json.decode(data[8 : 8 + size], type=dict[str, Any])
+        meta = msgspec.convert(header.pop("__metadata__", None), KvPayloadMeta, strict=False)
+        tensors = {name: msgspec.convert(spec, KvTensorSpec) for name, spec in header.items()}
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"not a gyre KV payload: {exc}") from exc
+    if meta.format != KV_PAYLOAD_FORMAT:
+        raise ValueError(f"payload format {meta.format!r}, expected {KV_PAYLOAD_FORMAT!r}")
+    body = len(data) - 8 - size
+    for name, spec in tensors.items():
+        begin, end = spec.data_offsets
+        if not 0 <= begin <= end <= body:
+            raise ValueError(f"tensor {name!r} lies outside the payload ({begin}..{end} of {body} bytes)")
+    ids = tensors.get(KV_TOKEN_IDS)
+    if ids is None or ids.dtype != "I32" or ids.shape != [meta.num_tokens]:
+        raise ValueError(f"the payload needs {KV_TOKEN_IDS!r} as I32 [{meta.num_tokens}], got {ids}")
+    begin, end = ids.data_offsets
+    if end - begin != 4 * meta.num_tokens:
+        raise ValueError(f"{KV_TOKEN_IDS!r} spans {end - begin} bytes, not {4 * meta.num_tokens}")
+    token_ids = np.frombuffer(data, dtype="<i4", count=meta.num_tokens, offset=8 + size + begin)
+    return KvPayloadHeader(meta, tensors, token_ids.astype(np.int32))
 
 
 def _encode_numpy(value: Any) -> Any:

@@ -6,6 +6,11 @@ next pass. Work that must not overlap decoding (weight updates) runs as an exclu
 admission pauses, in-flight requests finish (or are aborted when the job asks), the job runs,
 admission resumes -- the same ordering SGLang's model-update lock gives.
 
+For KV migration (``kvstore.py``): a new request whose input ids begin like an imported cache
+starts from a copy of it and prefills only the rest; ``pin_abort`` ends a request between two
+passes, when its cache covers exactly its input and every token it produced, and pins that
+cache for export instead of dropping it.
+
 The transformer body runs per request (each has its own cache, so no padding), but the output
 projection runs once per pass for all of them: for a tiny model over a large vocabulary (the
 Qwen vocabulary is 248K words) that projection is most of the work, and reading its weight
@@ -29,15 +34,27 @@ from typing import Any, TypeVar
 
 import torch
 
+from gyre_proxy.engines.refengine.kvcache import (
+    CacheNotMigratable,
+    KvEntry,
+    KvRefused,
+    PinNotFound,
+    cache_from_entry,
+    cache_layout,
+    entry_from_cache,
+)
+from gyre_proxy.engines.refengine.kvstore import KvLimits, PinnedCaches, PrefixCache
 from gyre_proxy.engines.refengine.model import LoadedModel
 from gyre_proxy.engines.refengine.sampling import choose
 from gyre_proxy.engines.types import Finish, FinishKind, SamplingConfig
+from gyre_proxy.exceptions import RequestRejected
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 ABORT_MESSAGE = "Abort by /abort_request"
 ABORT_WAITING_MESSAGE = "Abort in waiting queue"
+PIN_ABORT_MESSAGE = "Abort by /gyre/kv/pin_abort (KV cache pinned for migration)"
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class StepEvent:
     logprob: float | None
     finish: Finish | None
     weight_version: str
+    cached_tokens: int = 0  # prompt positions whose KV came from an imported cache
 
 
 EventSink = Callable[[StepEvent], None]
@@ -64,6 +82,7 @@ class _Request:
     cache: Any = None
     next_logits: torch.Tensor | None = None  # [vocab], logits for the next position
     produced: list[int] = field(default_factory=list)
+    cached: int = 0  # input positions taken from an imported cache at prefill
 
 
 @dataclass
@@ -85,6 +104,8 @@ class DecodeLoop:
         return_original_logprob: bool = False,
         torch_threads: int = 1,
         tokenizer_vocab_only: bool = False,
+        pinned: PinnedCaches | None = None,
+        prefixes: PrefixCache | None = None,
     ) -> None:
         self.loaded = loaded
         self.torch_threads = torch_threads
@@ -98,6 +119,10 @@ class DecodeLoop:
             min(loaded.vocab_size, max(loaded.tokenizer.vocab_size, 1)) if tokenizer_vocab_only else None
         )
         self._split = split_output_projection(loaded.model)
+        self.layout = cache_layout(loaded.model)  # None: this model's KV cannot migrate
+        self.pinned = pinned if pinned is not None else PinnedCaches(KvLimits())
+        self.prefixes = prefixes if prefixes is not None else PrefixCache(KvLimits())
+        self._pins: dict[str, Future[KvEntry]] = {}
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: dict[str, _Request] = {}
@@ -116,6 +141,8 @@ class DecodeLoop:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join()
+        with self._cond:  # a pin asked for after the loop ended
+            self._fail_pins("engine shutting down")
 
     @property
     def in_flight(self) -> int:
@@ -145,6 +172,24 @@ class DecodeLoop:
             self._aborts[rid] = message
             self._cond.notify_all()
 
+    def pin_abort(self, rid: str) -> Future[KvEntry]:
+        """Abort the decoding request ``rid`` and pin its cache, between two passes.
+
+        The future holds the pinned entry, or fails with ``PinNotFound`` (no decoding request
+        ``rid``: unknown, finished, or still waiting, so it has no KV), ``KvStoreFull`` or
+        ``CacheNotMigratable``; when it fails the request was not aborted.
+        """
+        future: Future[KvEntry] = Future()
+        with self._cond:
+            if self.layout is None:
+                future.set_exception(CacheNotMigratable("this model's KV cache cannot be migrated"))
+            elif rid in self._pins:
+                future.set_exception(PinNotFound(f"request {rid!r} is already being pinned"))
+            else:
+                self._pins[rid] = future
+                self._cond.notify_all()
+        return future
+
     def run_exclusive(self, run: Callable[[], T], *, abort_all: bool = False) -> Future[T]:
         """Run ``run`` on the loop thread once no request is in flight; admission waits meanwhile."""
         future: Future[T] = Future()
@@ -162,11 +207,13 @@ class DecodeLoop:
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not (self._stopping or self._waiting or self._active or self._jobs or self._aborts):
+                    while not self._has_work():
                         self._cond.wait()
                     if self._stopping:
+                        self._fail_pins("engine shutting down")
                         self._abort_everything("engine shutting down")
                         return
+                    self._apply_pins()
                     self._apply_aborts()
                     job = self._jobs[0] if self._jobs else None
                     if job is not None and job.abort_all:
@@ -190,6 +237,43 @@ class DecodeLoop:
                                     self._finish(
                                         request, Finish(FinishKind.ABORT, message=f"internal error: {exc}")
                                     )
+
+    def _has_work(self) -> bool:
+        return bool(
+            self._stopping or self._waiting or self._active or self._jobs or self._aborts or self._pins
+        )
+
+    def _apply_pins(self) -> None:
+        # Between passes every decoding request's cache covers its input and every token it
+        # produced (each pass feeds the token it chose): pinned now, the cache gets no more
+        # writes, which is what the destination needs before it reads it.
+        for rid, future in self._pins.items():
+            request = self._active.get(rid)
+            try:
+                if request is None or request.cache is None:
+                    waiting = any(r.rid == rid for r in self._waiting)
+                    state = "is still waiting (no KV yet)" if waiting else "is not decoding"
+                    raise PinNotFound(f"request {rid!r} {state}: abort it plainly")
+                assert self.layout is not None  # pin_abort refuses otherwise
+                entry = entry_from_cache(
+                    request.cache,
+                    request.input_ids + request.produced,
+                    rid=rid,
+                    weight_version=self.weight_version,
+                    layout=self.layout,
+                )
+                self.pinned.add(entry)
+            except KvRefused as exc:
+                future.set_exception(exc)
+                continue
+            self._finish(request, Finish(FinishKind.ABORT, message=PIN_ABORT_MESSAGE))
+            future.set_result(entry)
+        self._pins.clear()
+
+    def _fail_pins(self, message: str) -> None:
+        for future in self._pins.values():
+            future.set_exception(RequestRejected(message, 503))
+        self._pins.clear()
 
     def _apply_aborts(self) -> None:
         for rid, message in self._aborts.items():
@@ -217,13 +301,11 @@ class DecodeLoop:
     ) -> None:
         self._active.pop(request.rid, None)
         request.cache = None
-        request.sink(StepEvent(token, logprob, finish, self.weight_version))
+        request.sink(StepEvent(token, logprob, finish, self.weight_version, request.cached))
 
     def _forward(self, requests: list[tuple[_Request, list[int]]]) -> None:
         """Feed each request its ``ids`` and set its ``next_logits``: the body per request, the
         output projection once for all (or the whole model per request, see the module doc)."""
-        from transformers import DynamicCache
-
         if not requests:
             return
         hidden: list[torch.Tensor] = []
@@ -231,7 +313,7 @@ class DecodeLoop:
         for request, ids in requests:
             try:
                 if request.cache is None:
-                    request.cache = DynamicCache(config=self.loaded.model.config)  # type: ignore[arg-type]
+                    request.cache, ids = self._new_cache(request, ids)
                 if self._split is None:
                     # Only the last position's logits are needed: a long prompt over a large
                     # vocabulary would otherwise materialise prompt_len x vocab logits.
@@ -257,6 +339,20 @@ class DecodeLoop:
             return
         for row, request in enumerate(fed):
             request.next_logits = logits[row]
+
+    def _new_cache(self, request: _Request, ids: list[int]) -> tuple[Any, list[int]]:
+        """A prefilling request's cache and the ids still to run: a copy of the imported entry
+        sharing the longest prefix with ``ids`` (decided here, on the loop thread, so that no
+        weight update falls between the match and the prefill), or an empty cache."""
+        from transformers import DynamicCache
+
+        config = self.loaded.model.config
+        found = self.prefixes.match(ids, self.weight_version) if self.prefixes else None
+        if found is None:
+            return DynamicCache(config=config), ids  # type: ignore[arg-type]
+        entry, shared = found
+        request.cached = shared
+        return cache_from_entry(entry, shared, config), ids[shared:]
 
     def _failed(self, request: _Request, exc: Exception) -> None:
         log.error("request %s failed", request.rid, exc_info=exc)
@@ -308,7 +404,7 @@ class DecodeLoop:
             if finish is not None:
                 self._finish(request, finish, choice.token, choice.logprob)
                 return None
-            request.sink(StepEvent(choice.token, choice.logprob, None, self.weight_version))
+            request.sink(StepEvent(choice.token, choice.logprob, None, self.weight_version, request.cached))
         return choice.token
 
     def _finish_reason(self, request: _Request, token: int) -> Finish | None:

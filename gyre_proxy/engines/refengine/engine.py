@@ -3,7 +3,8 @@
 It validates requests the way SGLang does (same limits, same messages), hands them to the
 ``DecodeLoop``, and owns what SGLang keeps in its tokenizer manager: the weight version, the
 open weight-update session, the broadcast group, memory occupation, and gyre's own admission
-switch (``accepting``), which the scheduler flips during role transitions. HTTP lives in
+switch (``accepting``), which the scheduler flips during role transitions, and the KV caches
+kept for migration (pinned on a source, imported on a destination). HTTP lives in
 ``server.py``; this module can be driven in-process, as the benchmark does.
 """
 
@@ -22,6 +23,9 @@ import torch
 
 from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.refengine.decode_loop import DecodeLoop, EventSink, StepEvent
+from gyre_proxy.engines.refengine.kvcache import CacheLayout, CacheNotMigratable, KvEntry
+from gyre_proxy.engines.refengine.kvpayload import pack, unpack
+from gyre_proxy.engines.refengine.kvstore import KvLimits, PinnedCaches, PrefixCache
 from gyre_proxy.engines.refengine.model import (
     LoadedModel,
     ModelSource,
@@ -53,6 +57,8 @@ class ReferenceEngineConfig:
     incremental_streaming_output: bool = False
     torch_threads: int = 1
     tokenizer_vocab_only: bool = False  # never sample a padding id past the tokenizer's
+    kv_pins: KvLimits = field(default_factory=KvLimits)  # caches pinned for export (source)
+    kv_imports: KvLimits = field(default_factory=KvLimits)  # imported prefix caches (destination)
 
 
 class ReferenceEngine:
@@ -74,6 +80,8 @@ class ReferenceEngine:
             return_original_logprob=config.return_original_logprob,
             torch_threads=config.torch_threads,
             tokenizer_vocab_only=config.tokenizer_vocab_only,
+            pinned=PinnedCaches(config.kv_pins),
+            prefixes=PrefixCache(config.kv_imports),
         )
         self.accepting = True
         self.memory_released = False
@@ -155,6 +163,50 @@ class ReferenceEngine:
     def abort(self, rid: str | None) -> None:
         self.loop.abort(rid)
 
+    # -- KV migration --------------------------------------------------------------------------
+
+    async def pin_abort(self, rid: str) -> KvEntry:
+        """Abort the decoding request ``rid`` keeping its KV pinned; see ``DecodeLoop.pin_abort``."""
+        return await asyncio.wrap_future(self.loop.pin_abort(rid))
+
+    async def export_kv(self, rid: str) -> bytes:
+        """The payload of ``rid``'s pinned cache (it stays pinned); raises ``PinNotFound``."""
+        entry = self.loop.pinned.get(rid)
+        layout = self._layout()
+        return await asyncio.to_thread(pack, entry, layout)
+
+    def release_kv(self, rid: str) -> None:
+        """Unpin ``rid``'s cache (the destination took over); raises ``PinNotFound``."""
+        self.loop.pinned.release(rid)
+
+    async def import_kv(self, data: bytes) -> tuple[str, KvEntry]:
+        """Keep payload ``data`` as a prefix-cache entry, under the source's rid; raises
+        ``PayloadIncompatible`` for a payload of another model or weight version, ``KvStoreFull``
+        when it alone exceeds the import bound."""
+        layout = self._layout()
+        entry = await asyncio.to_thread(
+            unpack,
+            data,
+            layout,
+            weight_version=self.weight_version,
+            vocab_size=self.loaded.vocab_size,
+            context_length=self.context_length,
+        )
+        self.loop.prefixes.put(entry.rid, entry)
+        return entry.rid, entry
+
+    def flush_prefix_cache(self) -> int:
+        """Drop every imported cache; returns how many there were."""
+        return self.loop.prefixes.clear()
+
+    def _layout(self) -> CacheLayout:
+        if self.loop.layout is None:
+            raise CacheNotMigratable(
+                f"{self.loaded.model_path}: the KV cache of this model is not plain per-layer keys "
+                "and values (sliding-window or recurrent layers), so it cannot be migrated"
+            )
+        return self.loop.layout
+
     # -- weights -------------------------------------------------------------------------------
 
     async def _exclusive(self, job: Callable[[], int], *, abort_all: bool) -> int:
@@ -162,6 +214,9 @@ class ReferenceEngine:
 
     def _install(self, tensors: dict[str, torch.Tensor], weight_version: str | None) -> int:
         count = load_weights(self.loaded.model, tensors)
+        # Imported KV was computed under the old weights. Pinned caches stay: they are exported
+        # with the version they were computed under, and a destination checks it.
+        self.loop.prefixes.clear()
         if weight_version is not None:
             self.loop.weight_version = weight_version
         return count

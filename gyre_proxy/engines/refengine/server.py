@@ -5,6 +5,8 @@
 cumulative unless the engine runs with ``incremental_streaming_output``, ended by
 ``data: [DONE]``; a request rejected before it starts gets ``{"error": {"message": ...}}``
 (status 400, or inside the stream for ``stream: true``). Closing a stream aborts its request.
+``/gyre/kv/...`` migrates a request's KV cache: the payload is binary (``wire.py``), and a
+refusal carries a ``code`` beside its message.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.routing import Route
 from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.refengine.decode_loop import StepEvent
 from gyre_proxy.engines.refengine.engine import ReferenceEngine
+from gyre_proxy.engines.refengine.kvcache import KvRefused
 from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT
 from gyre_proxy.exceptions import ModelLoadError, RequestRejected
 
@@ -56,12 +59,14 @@ class _Output:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     event: StepEvent | None = None
+    cached_tokens: int = 0
 
     def add(self, event: StepEvent) -> None:
         if event.token is not None and event.logprob is not None:
             self.ids.append(event.token)
             self.logprobs.append(event.logprob)
         self.event = event
+        self.cached_tokens = event.cached_tokens
 
     def response(
         self, engine: ReferenceEngine, *, return_logprob: bool, since: int = 0
@@ -74,7 +79,7 @@ class _Output:
             finish_reason=finish.to_wire(length=len(self.ids)) if finish is not None else None,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=len(self.ids),
-            cached_tokens=0,
+            cached_tokens=self.cached_tokens,
             weight_version=self.event.weight_version,
             output_token_logprobs=(
                 [(lp, token, None) for lp, token in zip(self.logprobs[since:], ids, strict=True)]
@@ -95,6 +100,9 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         async def wrapped(request: Request) -> Response:
             try:
                 return await handler(request)
+            except KvRefused as exc:
+                detail = engine_api.KvErrorDetail(message=str(exc), code=exc.code)
+                return _json(engine_api.KvErrorResponse(detail), exc.status)
             except RequestRejected as exc:
                 return _error(str(exc), exc.status)
 
@@ -152,9 +160,12 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         return _json(engine_api.WeightVersionResponse(engine.weight_version))
 
     async def flush_cache(request: Request) -> Response:
-        # No prefix cache to flush; like SGLang, refuse while requests are in flight.
-        busy = engine.loop.in_flight > 0
-        return Response("Cache flushed.\n", status_code=400 if busy else 200)
+        # The prefix cache is the imported KV (pinned caches are not a cache: a migration holds
+        # them). Like SGLang, refuse while requests are in flight.
+        if engine.loop.in_flight > 0:
+            return Response("Cache not flushed: requests are in flight.\n", status_code=400)
+        engine.flush_prefix_cache()
+        return Response("Cache flushed.\n", status_code=200)
 
     def weight_answer(message: str, version: str | None, *, paused: bool = False) -> Response:
         if version is not None:
@@ -260,6 +271,52 @@ def build_app(engine: ReferenceEngine) -> Starlette:
     async def gyre_status(request: Request) -> Response:
         return status()
 
+    def kv_status() -> Response:
+        pins, imports = engine.loop.pinned, engine.loop.prefixes
+        pinned, pinned_bytes = pins.totals()
+        imported, imported_bytes = imports.totals()
+        return _json(
+            engine_api.KvStatus(
+                pinned_entries=pinned,
+                pinned_bytes=pinned_bytes,
+                max_pinned_entries=pins.limits.max_entries,
+                max_pinned_bytes=pins.limits.max_bytes,
+                imported_entries=imported,
+                imported_bytes=imported_bytes,
+                max_imported_entries=imports.limits.max_entries,
+                max_imported_bytes=imports.limits.max_bytes,
+            )
+        )
+
+    async def kv_pin_abort(request: Request) -> Response:
+        body = await _body(request, engine_api.KvRidRequest)
+        entry = await engine.pin_abort(body.rid)
+        return _json(
+            engine_api.KvPinned(
+                rid=entry.rid,
+                num_tokens=entry.num_tokens,
+                nbytes=entry.nbytes,
+                weight_version=entry.weight_version,
+            )
+        )
+
+    async def kv_export(request: Request) -> Response:
+        body = await _body(request, engine_api.KvRidRequest)
+        payload = await engine.export_kv(body.rid)
+        return Response(payload, media_type=engine_api.KV_PAYLOAD_MEDIA_TYPE)
+
+    async def kv_import(request: Request) -> Response:
+        key, entry = await engine.import_kv(await request.body())
+        return _json(engine_api.KvImported(key=key, num_tokens=entry.num_tokens, nbytes=entry.nbytes))
+
+    async def kv_release(request: Request) -> Response:
+        body = await _body(request, engine_api.KvRidRequest)
+        engine.release_kv(body.rid)
+        return kv_status()
+
+    async def kv_status_route(request: Request) -> Response:
+        return kv_status()
+
     routes = [
         Route("/generate", rejected(generate), methods=["POST", "PUT"]),
         Route("/abort_request", rejected(abort_request), methods=["POST"]),
@@ -284,6 +341,11 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         Route("/gyre/stop_accepting", stop_accepting, methods=["POST"]),
         Route("/gyre/resume_accepting", resume_accepting, methods=["POST"]),
         Route("/gyre/status", gyre_status, methods=["GET"]),
+        Route("/gyre/kv/pin_abort", rejected(kv_pin_abort), methods=["POST"]),
+        Route("/gyre/kv/export", rejected(kv_export), methods=["POST"]),
+        Route("/gyre/kv/import", rejected(kv_import), methods=["POST"]),
+        Route("/gyre/kv/release", rejected(kv_release), methods=["POST"]),
+        Route("/gyre/kv/status", kv_status_route, methods=["GET"]),
     ]
     return Starlette(routes=routes)
 
