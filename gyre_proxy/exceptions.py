@@ -14,11 +14,21 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │    ├── EngineRequestAborted
      │    ├── EngineServerError
      │    ├── EngineProtocolError
-     │    └── WeightUpdateFailed
+     │    ├── WeightUpdateFailed
+     │    └── KvMigrationError
+     │         ├── KvCacheNotFound
+     │         ├── KvCacheFull
+     │         ├── KvCacheIncompatible
+     │         └── KvMigrationUnsupported
      ├── ReferenceEngineError
      │    ├── ModelLoadError
      │    ├── ScriptError
      │    └── RequestRejected
+     │         └── KvRefused
+     │              ├── PinNotFound
+     │              ├── KvStoreFull
+     │              ├── PayloadIncompatible
+     │              └── CacheNotMigratable
      ├── ServerStartError
      ├── HarnessError
      │    └── LaunchError
@@ -83,6 +93,30 @@ class WeightUpdateFailed(EngineError):
     """The engine reported that a weight update did not succeed."""
 
 
+class KvMigrationError(EngineError):
+    """A KV-cache migration step was refused; abort plainly and re-prefill on the destination."""
+
+
+class KvCacheNotFound(KvMigrationError):
+    """The engine holds no KV for this request id: it is not decoding (finished, waiting or
+    unknown) or its pinned cache was already released."""
+
+
+class KvCacheFull(KvMigrationError):
+    """The engine's bound on kept KV caches (entries or bytes) refuses another one; release
+    pinned caches first."""
+
+
+class KvCacheIncompatible(KvMigrationError):
+    """The KV payload does not fit the destination's model (layers, KV heads, head dim, dtype,
+    weight version) or is malformed."""
+
+
+class KvMigrationUnsupported(KvMigrationError):
+    """The engine cannot migrate KV caches (a real SGLang server, or a model whose cache is not
+    plain per-layer keys and values)."""
+
+
 class ReferenceEngineError(GyreProxyError):
     """gyre's reference engine could not be configured."""
 
@@ -101,6 +135,45 @@ class RequestRejected(ReferenceEngineError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class KvRefused(RequestRejected):
+    """A KV-cache call the reference engine refuses; ``code`` goes in the error body (the client
+    maps it back to a ``KvMigrationError``: gyre_proxy.engines.wire holds the same codes)."""
+
+    code: ClassVar[str] = "kv_unsupported"
+    http_status: ClassVar[int] = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, self.http_status)
+
+
+class PinNotFound(KvRefused):
+    """No pinned cache (or no decoding request to pin) under this rid."""
+
+    code = "kv_not_found"
+    http_status = 404
+
+
+class KvStoreFull(KvRefused):
+    """The bound on kept caches (entries or bytes) refuses another one."""
+
+    code = "kv_cache_full"
+    http_status = 409
+
+
+class PayloadIncompatible(KvRefused):
+    """A KV payload that does not fit this engine's model, or is malformed."""
+
+    code = "kv_incompatible"
+    http_status = 422
+
+
+class CacheNotMigratable(KvRefused):
+    """This model's cache is not plain per-layer keys and values."""
+
+    code = "kv_unsupported"
+    http_status = 400
 
 
 # -- HTTP servers -------------------------------------------------------------------------------

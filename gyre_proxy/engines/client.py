@@ -26,11 +26,6 @@ from gyre_proxy.engines.types import (
     GenerateDelta,
     GenerateResult,
     ImportedKv,
-    KvCacheFull,
-    KvCacheIncompatible,
-    KvCacheNotFound,
-    KvMigrationError,
-    KvMigrationUnsupported,
     KvPayload,
     PinnedKv,
     SamplingConfig,
@@ -45,6 +40,11 @@ from gyre_proxy.exceptions import (
     EngineRequestAborted,
     EngineServerError,
     EngineUnavailable,
+    KvCacheFull,
+    KvCacheIncompatible,
+    KvCacheNotFound,
+    KvMigrationError,
+    KvMigrationUnsupported,
     WeightUpdateFailed,
 )
 

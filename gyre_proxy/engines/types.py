@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_proxy.engines import wire as engine_api
-from gyre_proxy.exceptions import EngineError
 
 TokenIds = npt.NDArray[np.int32]
 Logprobs = npt.NDArray[np.float32]
@@ -182,35 +181,6 @@ class ImportedKv:
     key: str
     num_tokens: int
     nbytes: int
-
-
-# KV-migration errors extend the EngineError branch of ``gyre_proxy.exceptions``; they live
-# here because migration is confined to the engine layer. Catch ``KvMigrationError`` to fall
-# back to a plain abort and a re-prefill on the destination.
-
-
-class KvMigrationError(EngineError):
-    """A KV-cache migration step was refused; abort plainly and re-prefill on the destination."""
-
-
-class KvCacheNotFound(KvMigrationError):
-    """The engine holds no KV for this request id: it is not decoding (finished, waiting or
-    unknown) or its pinned cache was already released."""
-
-
-class KvCacheFull(KvMigrationError):
-    """The engine's bound on kept KV caches (entries or bytes) refuses another one; release
-    pinned caches first."""
-
-
-class KvCacheIncompatible(KvMigrationError):
-    """The KV payload does not fit the destination's model (layers, KV heads, head dim, dtype,
-    weight version) or is malformed."""
-
-
-class KvMigrationUnsupported(KvMigrationError):
-    """The engine cannot migrate KV caches (a real SGLang server, or a model whose cache is not
-    plain per-layer keys and values)."""
 
 
 @runtime_checkable

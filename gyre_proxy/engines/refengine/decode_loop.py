@@ -34,20 +34,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from gyre_proxy.engines.refengine.kvcache import (
-    CacheNotMigratable,
-    KvEntry,
-    KvRefused,
-    PinNotFound,
-    cache_from_entry,
-    cache_layout,
-    entry_from_cache,
-)
+from gyre_proxy.engines.refengine.kvcache import KvEntry, cache_from_entry, cache_layout, entry_from_cache
 from gyre_proxy.engines.refengine.kvstore import KvLimits, PinnedCaches, PrefixCache
 from gyre_proxy.engines.refengine.model import LoadedModel
 from gyre_proxy.engines.refengine.sampling import choose
 from gyre_proxy.engines.types import Finish, FinishKind, SamplingConfig
-from gyre_proxy.exceptions import RequestRejected
+from gyre_proxy.exceptions import CacheNotMigratable, KvRefused, PinNotFound, RequestRejected
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

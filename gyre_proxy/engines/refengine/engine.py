@@ -23,7 +23,7 @@ import torch
 
 from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.refengine.decode_loop import DecodeLoop, EventSink, StepEvent
-from gyre_proxy.engines.refengine.kvcache import CacheLayout, CacheNotMigratable, KvEntry
+from gyre_proxy.engines.refengine.kvcache import CacheLayout, KvEntry
 from gyre_proxy.engines.refengine.kvpayload import pack, unpack
 from gyre_proxy.engines.refengine.kvstore import KvLimits, PinnedCaches, PrefixCache
 from gyre_proxy.engines.refengine.model import (
@@ -41,7 +41,7 @@ from gyre_proxy.engines.weights import (
     deserialize_safetensors,
     dtype_from_name,
 )
-from gyre_proxy.exceptions import ModelLoadError, RequestRejected
+from gyre_proxy.exceptions import CacheNotMigratable, ModelLoadError, RequestRejected
 
 
 @dataclass(frozen=True)

@@ -12,52 +12,15 @@ body and ``EngineClient`` turns into the ``KvMigrationError`` tree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from gyre_proxy.engines import wire as engine_api
-from gyre_proxy.exceptions import RequestRejected
-
-
-class KvRefused(RequestRejected):
-    """A KV-cache call the reference engine refuses; ``code`` goes in the error body."""
-
-    code: ClassVar[str] = engine_api.KV_UNSUPPORTED
-    http_status: ClassVar[int] = 400
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, self.http_status)
-
-
-class PinNotFound(KvRefused):
-    """No pinned cache (or no decoding request to pin) under this rid."""
-
-    code = engine_api.KV_NOT_FOUND
-    http_status = 404
-
-
-class KvStoreFull(KvRefused):
-    """The bound on kept caches (entries or bytes) refuses another one."""
-
-    code = engine_api.KV_CACHE_FULL
-    http_status = 409
-
-
-class PayloadIncompatible(KvRefused):
-    """A KV payload that does not fit this engine's model, or is malformed."""
-
-    code = engine_api.KV_INCOMPATIBLE
-    http_status = 422
-
-
-class CacheNotMigratable(KvRefused):
-    """This model's cache is not plain per-layer keys and values."""
-
-    code = engine_api.KV_UNSUPPORTED
-    http_status = 400
+from gyre_proxy.exceptions import (
+    CacheNotMigratable,
+)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from gyre_proxy.engines import wire as engine_api
-from gyre_proxy.engines.refengine.kvcache import CacheLayout, KvEntry, PayloadIncompatible
+from gyre_proxy.engines.refengine.kvcache import CacheLayout, KvEntry
+from gyre_proxy.exceptions import PayloadIncompatible
 
 # safetensors' dtype codes for the cache dtypes a model can have.
 _CODES = {

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre_proxy.engines.refengine.kvcache import KvEntry, KvStoreFull, PinNotFound
+from gyre_proxy.engines.refengine.kvcache import KvEntry
+from gyre_proxy.exceptions import KvStoreFull, PinNotFound
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,8 @@ from starlette.routing import Route
 from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.refengine.decode_loop import StepEvent
 from gyre_proxy.engines.refengine.engine import ReferenceEngine
-from gyre_proxy.engines.refengine.kvcache import KvRefused
 from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT
-from gyre_proxy.exceptions import ModelLoadError, RequestRejected
+from gyre_proxy.exceptions import KvRefused, ModelLoadError, RequestRejected
 
 T = TypeVar("T")
 JSON = "application/json"

@@ -25,15 +25,13 @@ from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG, LoadedModel, Mode
 from gyre_proxy.engines.refengine.kvcache import (
     CacheLayout,
     KvEntry,
-    KvStoreFull,
-    PayloadIncompatible,
-    PinNotFound,
     cache_from_entry,
     cache_layout,
     entry_from_cache,
 )
 from gyre_proxy.engines.refengine.kvpayload import pack, unpack
 from gyre_proxy.engines.refengine.kvstore import KvLimits, PinnedCaches, PrefixCache
+from gyre_proxy.exceptions import KvStoreFull, PayloadIncompatible, PinNotFound
 
 VOCAB = int(DEFAULT_MODEL_CONFIG["vocab_size"])
 
