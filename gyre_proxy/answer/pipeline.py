@@ -8,12 +8,16 @@ shell: engines, routing, the spool, the clock. When an engine stops accepting, f
 aborts mid-answer, the same answer continues on another engine from the tokens the harness
 already has, so the harness sees one uninterrupted response. When the scheduler moves an
 execution to another engine (the router's ``on_moved``), its request in flight is cancelled
-on the old engine, and so continues on the new one.
+on the old engine, and so continues on the new one: its KV cache moves with it where both
+engines can (pinned and exported by the old one, imported by the new one before the retry,
+released once imported), and otherwise the new engine prefills its context again; which path
+it took is recorded (``request.moved``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import OrderedDict
@@ -35,7 +39,7 @@ from gyre_proxy.chat import (
     MessageStart,
     StreamEvent,
 )
-from gyre_proxy.engines import GenerateDelta
+from gyre_proxy.engines import EngineClient, GenerateDelta
 from gyre_proxy.exceptions import (
     ContextLengthExceeded,
     ContextTooLong,
@@ -45,8 +49,9 @@ from gyre_proxy.exceptions import (
     Overloaded,
 )
 from gyre_proxy.ingest import Ingestor, Match, Prepared, RecordSpool
-from gyre_store.catalog import ModelCallRecorded, TitoArrays
-from gyre_store.log import StreamId
+from gyre_store.catalog import ModelCallRecorded, MovePath, RequestMoved, TitoArrays
+from gyre_store.exceptions import GyreStoreError
+from gyre_store.log import EventMetadata, NewEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
 
 
@@ -104,8 +109,10 @@ class AnswerPipeline:
         self._stop_ids = (self.tok.special("<|im_end|>"), self.tok.special("<|endoftext|>"))
         self.rerouted = 0
         self.moved = 0  # requests in flight cancelled because the scheduler moved their execution
-        self._in_flight: dict[str, tuple[RoutedEngine, str]] = {}  # execution -> engine, rid
-        self._tasks: set[asyncio.Future[None]] = set()
+        self.kv_migrated = 0  # of those, the ones whose KV cache went with them
+        self.kv_migration = True  # try to move a moved request's KV cache (else re-prefill)
+        self._in_flight: dict[str, tuple[RoutedEngine, str, str]] = {}  # execution -> engine, rid, run
+        self._moving: dict[str, asyncio.Future[None]] = {}  # execution -> its move, awaited before the retry
         self._loop: asyncio.AbstractEventLoop | None = None
         router.on_moved(self._execution_moved)
 
@@ -120,13 +127,51 @@ class AnswerPipeline:
         """On the event loop: abort the execution's attempt in flight on its old engine; its
         answer then continues wherever the router now sends it."""
         active = self._in_flight.get(execution_id)
-        if active is None:
-            return  # nothing in flight: its next request goes to the new engine
-        routed, rid = active
+        moving = self._moving.get(execution_id)
+        if active is None or (moving is not None and not moving.done()):
+            return  # nothing in flight (its next request goes to the new engine), or moving already
+        routed, rid, run_id = active
         self.moved += 1
-        task = asyncio.ensure_future(_quiet_abort(routed, rid))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._moving[execution_id] = asyncio.ensure_future(self._move(execution_id, run_id, routed, rid))
+
+    async def _move(self, execution_id: str, run_id: str, source: RoutedEngine, rid: str) -> None:
+        """Cancel ``rid`` on ``source``, moving its KV cache to the execution's new engine when
+        both can (the retry waits for this), else aborting it for a re-prefill; record which."""
+        path, kv_tokens, detail, target = MovePath.REPREFILL, 0, "", ""
+        try:
+            destination = self.router.engine_for(execution_id)  # the new route is in place already
+            target = destination.name
+        except EngineUnavailable as exc:
+            destination, detail = None, str(exc)
+        src, dst = source.engine, destination.engine if destination is not None else None
+        if not self.kv_migration:
+            detail = "KV migration is off"
+        elif not (isinstance(src, EngineClient) and isinstance(dst, EngineClient)):
+            detail = detail or "an engine without KV migration"
+        else:
+            try:
+                payload = await src.pin_and_export(rid)  # aborts the request once its KV is pinned
+            except EngineError as exc:
+                detail = f"not pinned: {exc}"
+            else:
+                try:
+                    kv_tokens = (await dst.import_kv(payload)).num_tokens
+                    path = MovePath.KV_MIGRATION
+                    self.kv_migrated += 1
+                except EngineError as exc:
+                    detail = f"not imported: {exc}"
+                finally:  # the destination holds it now, or never will: the pin goes either way
+                    with contextlib.suppress(EngineError):
+                        await src.release_kv(rid)
+        if path is MovePath.REPREFILL:
+            await _quiet_abort(source, rid)
+        moved = RequestMoved(
+            execution_id=execution_id, run_id=run_id, request_id=rid, source=source.name,
+            destination=target, path=path, kv_tokens=kv_tokens, detail=detail[:500],
+        )  # fmt: skip
+        log = self.ingestor.recorder.log
+        with contextlib.suppress(GyreStoreError):  # a note on the move; the answer goes on regardless
+            await asyncio.to_thread(log.append, [NewEvent(moved, metadata=EventMetadata(run_id=run_id))])
 
     # -- token sequences of stored records ---------------------------------------------------
     def _touch(self, execution_id: str) -> None:
@@ -270,12 +315,15 @@ class AnswerPipeline:
         routed: RoutedEngine | None = None
         try:
             while not machine.completed:
+                move = self._moving.pop(ex, None)
+                if move is not None:
+                    await move  # its KV cache reaches the new engine before the retry
                 try:
                     routed = self.router.engine_for(ex)
                 except EngineUnavailable as exc:
                     raise Overloaded("no engine is accepting requests; retry later") from exc
                 attempt = machine.start(routed.name)
-                self._in_flight[ex] = (routed, attempt.rid)
+                self._in_flight[ex] = (routed, attempt.rid, execution.run_id)
                 try:
                     stream = routed.engine.generate_stream(
                         attempt.context.tolist(), attempt.sampling, rid=attempt.rid

@@ -86,6 +86,8 @@ from gyre_store.catalog.transitions import (
     CellStep,
     CellStepDone,
     ExecutionRerouted,
+    MovePath,
+    RequestMoved,
     cell_engine_name,
 )
 
@@ -137,12 +139,14 @@ __all__ = [
     "MicroStepClaimed",
     "MicroStepComputed",
     "ModelCallRecorded",
+    "MovePath",
     "NonNegative",
     "Outcome",
     "Phase",
     "PlaceholderInserted",
     "Positive",
     "Provenance",
+    "RequestMoved",
     "RewardAssigned",
     "RunConfigured",
     "RunStarted",

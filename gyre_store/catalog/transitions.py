@@ -7,7 +7,8 @@ proxy follows those and moves the execution's in-flight request itself, so a req
 cancelled only after its new route is known). The cell runtime carries out its commands in
 log order and records ``cell.step_done`` as each one completes, with its seconds; its last
 step of a transition is followed by ``cell.transition_done`` (catalog/run.py), the fact the
-decision core waits for.
+decision core waits for. The proxy records how each request in flight it moved continued
+(``request.moved``: its KV cache migrated, or its context prefilled again).
 """
 
 from __future__ import annotations
@@ -80,3 +81,26 @@ class ExecutionRerouted(Event, frozen=True, kw_only=True):
     execution_id: Ident
     run_id: Ident
     engine: Ident
+
+
+class MovePath(enum.StrEnum):
+    """How a request in flight continued on its new engine."""
+
+    KV_MIGRATION = "kv_migration"  # its KV cache moved: the destination prefilled only the rest
+    REPREFILL = "reprefill"  # aborted, and its whole context prefilled again on the destination
+
+
+@REGISTRY.register("request.moved", stream="execution", key="execution_id")
+class RequestMoved(Event, frozen=True, kw_only=True):
+    """The proxy moved request ``request_id`` of an execution the scheduler rerouted from engine
+    ``source`` to ``destination``, by ``path``; ``kv_tokens`` positions of KV went with it
+    (0 on re-prefill), ``detail`` says why KV did not move when it did not."""
+
+    execution_id: Ident
+    run_id: Ident
+    request_id: Ident
+    source: Ident
+    destination: str = ""
+    path: MovePath
+    kv_tokens: NonNegative = 0
+    detail: str = ""

@@ -23,7 +23,9 @@ from gyre_store import (
     ExecutionStarted,
     InMemoryEventLog,
     InMemoryProjectionStore,
+    MovePath,
     NewEvent,
+    RequestMoved,
     catch_up,
 )
 from gyre_store.log import StreamId
@@ -50,7 +52,10 @@ def engines(tmp_path: Path) -> Iterator[list[ReferenceEngineServer]]:
         server.__exit__(None, None, None)
 
 
-def test_a_moved_execution_continues_on_its_new_engine(engines: list[ReferenceEngineServer]) -> None:
+@pytest.mark.parametrize("kv_migration", [True, False])
+def test_a_moved_execution_continues_on_its_new_engine(
+    engines: list[ReferenceEngineServer], kv_migration: bool
+) -> None:
     cell, pool = engines
     log = InMemoryEventLog()
     log.append(
@@ -62,6 +67,7 @@ def test_a_moved_execution_continues_on_its_new_engine(engines: list[ReferenceEn
     )
     stop = threading.Event()
     with ProxyService(log, ProxyConfig(engines=[], context_limit=8192, run_id=RUN)) as proxy:
+        proxy.pipeline.kv_migration = kv_migration
         follower = threading.Thread(target=proxy.follow, args=(stop,), daemon=True)
         follower.start()
         try:
@@ -99,9 +105,10 @@ def test_a_moved_execution_continues_on_its_new_engine(engines: list[ReferenceEn
             # One response: the cancelled attempt's text, then the new engine's (a scripted engine
             # starts its script again; a model would continue from the tokens it is given).
             text = "".join(pieces)
-            assert text.startswith("The files are listed above.") and text.rstrip().endswith(LONG.rstrip())
+            assert text.startswith("The files are") and text.rstrip().endswith(LONG.rstrip())
             assert final.stop_reason == "end_turn"
             assert proxy.pipeline.moved == 1  # cancelled because it moved, not because an engine failed
+            assert proxy.pipeline.kv_migrated == int(kv_migration)
             assert proxy.router.engine_for(f"{RUN}/e0").name == f"{RUN}:pool-0"
             assert proxy.spool.flush(30)
         finally:
@@ -116,3 +123,12 @@ def test_a_moved_execution_continues_on_its_new_engine(engines: list[ReferenceEn
     calls = [r.event for r in log.read_stream(StreamId("calls", f"{RUN}/e0"))]
     assert [c.engine for c in calls] == [f"{RUN}:cell-0", f"{RUN}:pool-0"]  # type: ignore[attr-defined]
     assert by_seq[0].output_len > 0  # the cancelled attempt's tokens were kept and continued from
+    [moved] = [r.event for r in log.read(0) if isinstance(r.event, RequestMoved)]
+    assert (moved.source, moved.destination) == (f"{RUN}:cell-0", f"{RUN}:pool-0")
+    if kv_migration:
+        # Its KV cache went with it: every position the cancelled attempt had computed, the
+        # request's whole input and the tokens sampled before the cancel.
+        assert moved.path is MovePath.KV_MIGRATION
+        assert moved.kv_tokens == by_seq[0].input_len + by_seq[0].output_len
+    else:
+        assert (moved.path, moved.kv_tokens, moved.detail) == (MovePath.REPREFILL, 0, "KV migration is off")
