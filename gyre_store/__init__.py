@@ -95,6 +95,7 @@ from gyre_store.exceptions import (
     UnknownEventType,
     UnknownProjection,
 )
+from gyre_store.faults import FaultPoint
 from gyre_store.log import (
     AppendResult,
     EncodedEvent,
@@ -216,6 +217,7 @@ __all__ = [
     "ExecutionStarted",
     "ExecutionStatus",
     "ExecutionsProjection",
+    "FaultPoint",
     "FinishReason",
     "GroupConsumed",
     "GroupDispatched",

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gyre_proxy.launch import Launcher, LauncherConfig
-from gyre_sched import Controller, LiveSink, TaskDeck
+from gyre_sched import Controller, LiveSink, PolicyKind, TaskDeck
 from gyre_store import (
     EventLog,
+    FaultPoint,
     PostgresEventLog,
     PostgresProjectionStore,
     RunConfigured,
@@ -168,7 +169,7 @@ def run_controller(args: argparse.Namespace) -> int:
         config = recorded_config(opened.log, args.run)
         deck = TaskDeck(train_tasks(opened.log, args.run), config.seed)
         sink = LiveSink(opened.log, args.run, deck, group_size=config.N, harness=config.harness)
-        controller = Controller(opened.log, config.sched(), sink, args.run)
+        controller = Controller(opened.log, config.sched(), sink, args.run, fault=FaultPoint.from_env())
         console.print(f"controller of run {args.run}: {config.policy}, phi={config.phi}, mu={config.mu}")
         controller.run(_until_signal(), poll_s=0.5)
     return 0
@@ -200,7 +201,8 @@ def run_node(args: argparse.Namespace) -> int:
         # Engines and trainer cells are supervised apart: a trainer world that must start again
         # (its core died) never takes the engines, and their executions, down with it.
         with NodeAgent(plan(args.engines, "none")) as engines:
-            trainers = Trainers(lambda: NodeAgent(plan("none", args.trainers)))
+            moves = config.sched().policy is not PolicyKind.ASYNC
+            trainers = Trainers(lambda: NodeAgent(plan("none", args.trainers)), any_cell=moves)
             try:
                 console.print(
                     f"node of run {args.run} (pid {os.getpid()}): {engines.pids() | trainers.pids()}"
@@ -229,11 +231,15 @@ def run_node(args: argparse.Namespace) -> int:
 class Trainers:
     """This node's trainer cells, started again as a whole when the core dies (the world of a
     torch.distributed group takes no restarted member). A satellite that dies is left dead:
-    the core takes its claims over and trains on without it. The new world resumes after
+    the core takes its claims over and trains on without it. Elastic cells (``any_cell``) are
+    started again as a whole when any of them dies: a dead elastic cell would leave its
+    transition, and its engine's capacity, unfinished; each cell of the new world takes up its
+    role from its steps in the log. The new world resumes after
     the run's last publication (``resume_point``). More than ``MAX_RESTARTS`` within a minute
     gives up."""
 
     make: Callable[[], NodeAgent]
+    any_cell: bool = False  # elastic cells: any cell's death starts the world again
     agent: NodeAgent | None = None
     restarts: list[float] = field(default_factory=list)
     down_since: float | None = None
@@ -258,7 +264,7 @@ class Trainers:
             if new:
                 note = f"trainer cells died: {', '.join(new)}"
             core_failed = any(f.startswith("cell-0 ") for f in agent.failed)  # cell 0 is the core
-            if not core_failed:
+            if not (core_failed or (self.any_cell and agent.failed)):
                 return note
             agent.__exit__(None, None, None)
             self.agent, self.down_since = None, time.monotonic()

@@ -134,18 +134,23 @@ class Router:
     def _choose(self, binding: Binding | None, exclude: str | None) -> RoutedEngine:
         load = Counter(self._sticky.values())
         accepting = [e for e in self._engines.values() if e.accepting and e.name != exclude]
+        tiers = [accepting]
         if binding is not None:
             # Its slot first, then anywhere in its run, then engines given on the command line;
             # another run's engines never serve it.
             same_run = [e for e in accepting if e.run_id == binding.run_id]
             static = [e for e in accepting if e.run_id is None]
-            accepting = [e for e in same_run if e.slot == binding.slot] or same_run or static
-        if not accepting:
+            tiers = [[e for e in same_run if e.slot == binding.slot], same_run, static]
+        if not any(tiers):
             where = f" for run {binding.run_id!r}" if binding is not None else ""
             raise EngineUnavailable(f"no engine is accepting requests{where}")
         now = self._clock()
-        healthy = [e for e in accepting if self._failed_until.get(e.name, now) <= now]
-        return min(healthy or accepting, key=lambda e: (load[e.name], e.name))
+        # A healthy engine anywhere in the order before a failed one in the preferred tier: the
+        # engines of a cell that died (all of them, when its world starts again) must not eat
+        # the retries of the executions placed there.
+        healthy = [[e for e in tier if self._failed_until.get(e.name, now) <= now] for tier in tiers]
+        chosen = next((tier for tier in healthy if tier), None) or next(tier for tier in tiers if tier)
+        return min(chosen, key=lambda e: (load[e.name], e.name))
 
     def set_accepting(self, name: str, accepting: bool) -> None:
         with self._lock:

@@ -64,7 +64,7 @@ from gyre_sched.live.events import (
     store_role,
 )
 from gyre_sched.live.replay import load_run
-from gyre_store import catalog, iterate, subscribe
+from gyre_store import FaultPoint, catalog, iterate, subscribe
 from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, StreamId
 
 Clock = Callable[[], float]
@@ -199,11 +199,13 @@ class Controller:
         run_id: str,
         *,
         clock: Clock | None = None,
+        fault: FaultPoint | None = None,
     ) -> None:
         self.log = log
         self.cfg = cfg.validate()
         self.sink = sink
         self.run_id = run_id
+        self.fault = fault  # fault tests: die right after recording a protocol step (gyre_store.faults)
         self._clock = clock
         self._meta = EventMetadata(run_id=run_id)
         self._recover()
@@ -427,6 +429,8 @@ class Controller:
                 count=command.count,
             )
             self._append_sched([NewEvent(step, step_key(self.run_id, seq, ordinal), metadata=self._meta)])
+            if self.fault is not None:
+                self.fault.reached(f"controller:{command.step.value}")
 
     def _handle_fact(self, recorded: RecordedEvent) -> int:
         if recorded.position <= self._checkpoint:

@@ -6,7 +6,9 @@ it consumed, in micro-steps as the run packed them; the update is the mean time 
 last computation to its ``train.update``. The live core records a final update together with
 its ``policy.published``, once the engines have loaded the policy, so that time includes the
 publication, and the simulator's separate publication and broadcast costs are zero (as is its
-pipeline warm-up, part of each micro-step on a live run). One node per cell.
+pipeline warm-up, part of each micro-step on a live run). A run whose cells moved gives its
+mean transition times each way (``gyre_store.run_report``: first command to the cell joining
+the batch, or to its engine serving again); one that did not keeps the paper's. One node per cell.
 With ``workload_from_run`` (the run's execution durations by group) and the run's
 ``SchedConfig``, ``predict_run`` simulates the same configuration for the same number of steps.
 """
@@ -17,11 +19,11 @@ import msgspec
 
 from gyre_sched.config import SchedConfig
 from gyre_sched.exceptions import WorkloadError
-from gyre_sched.sim.cluster import ClusterConfig
+from gyre_sched.sim.cluster import TO_ROLLOUT_S, TO_TRAIN_S, ClusterConfig
 from gyre_sched.sim.results import SimResult
 from gyre_sched.sim.simulator import simulate
 from gyre_sched.sim.workload_store import workload_from_run
-from gyre_store import catalog
+from gyre_store import catalog, run_report
 from gyre_store.log import EventLog
 
 __all__ = ["MeasuredCosts", "measured_cluster", "predict_run"]
@@ -67,6 +69,9 @@ def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
         raise WorkloadError(f"run {run_id!r} has no update or no consumed group to measure")
     update_s = [at - last_computed[u.batch] for at, u in updates if u.batch in last_computed]
     micro_steps = sum(u.micro_steps for _, u in updates)
+    moves = run_report(log, run_id, phi=0.0, mu=1).transition_times
+    to_train = [t.total_s for t in moves if t.direction == "to_training" and t.total_s is not None]
+    to_rollout = [t.total_s for t in moves if t.direction == "to_rollout" and t.total_s is not None]
     cluster = ClusterConfig(
         cell_nodes=1,
         train_node_hours_per_group=max(compute_s, 1e-6) / groups / 3600.0,
@@ -75,6 +80,8 @@ def measured_cluster(log: EventLog, run_id: str) -> MeasuredCosts:
         broadcast_s=0.0,
         publish_s=0.0,
         pipeline_s=0.0,
+        to_train_s=sum(to_train) / len(to_train) if to_train else TO_TRAIN_S,
+        to_rollout_s=sum(to_rollout) / len(to_rollout) if to_rollout else TO_ROLLOUT_S,
     ).validate()
     return MeasuredCosts(
         cluster=cluster,

@@ -40,6 +40,7 @@ from gyre_store import (
     CellTransitionDone,
     EventLog,
     EventMetadata,
+    FaultPoint,
     NewEvent,
     StreamId,
     read_to_head,
@@ -95,6 +96,7 @@ class ElasticCell:
         *,
         publisher: WeightPublisher | None = None,
         in_training: threading.Event | None = None,
+        fault: FaultPoint | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.cell = cell
@@ -102,6 +104,7 @@ class ElasticCell:
         self.engine = engine
         self.config = config
         self.publisher = publisher
+        self.fault = fault  # fault tests: die as this cell starts a step (gyre_store.faults)
         self._clock = clock
         self._index = cell.config.cell
         self._run_id = cell.config.run_id
@@ -215,6 +218,8 @@ class ElasticCell:
 
     def carry_out(self, command: CellCommand) -> None:
         """One command: its step, recorded once it completed (and the training it opens)."""
+        if self.fault is not None:
+            self.fault.reached(f"cell-{self._index}:{command.step.value}")
         began = self._clock()
         match command.step:
             case CellStep.DRAIN:

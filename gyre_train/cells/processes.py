@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from gyre_store import (
     EventLog,
+    FaultPoint,
     PostgresEventLog,
     PostgresProjectionStore,
     ProjectionSet,
@@ -144,8 +145,9 @@ def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) 
             )
             engine = RolloutEngine(live.engine, log)
             elastic = ElasticCell(
-                cell, log, engine, live.elastic, publisher=core_publisher, in_training=training
-            )
+                cell, log, engine, live.elastic, publisher=core_publisher, in_training=training,
+                fault=FaultPoint.from_env(),  # the fault tests' seam (gyre_store.faults)
+            )  # fmt: skip
             elastic.run(threading.Event())
         elif config.cell != CORE:
             run_satellite(cell, bursts)

@@ -104,3 +104,17 @@ def test_a_rerouted_execution_is_reported_moved_once_its_new_route_holds() -> No
     router.apply(recorded)
     assert moved == [("x", "run:pool-0")]
     assert router.engine_for("idle").name == "run:pool-0"
+
+
+def test_a_failed_engine_of_its_slot_does_not_keep_an_execution_from_a_healthy_one() -> None:
+    from gyre_proxy.answer import Binding
+
+    router = Router(clock=lambda: 0.0)
+    router.add("run:cell-0", FakeEngine(), run_id="run", slot="cell-0")  # type: ignore[arg-type]
+    router.add("run:pool-0", FakeEngine(), run_id="run", slot="pool")  # type: ignore[arg-type]
+    router.bind("x", Binding("run", "cell-0"))
+    assert router.engine_for("x").name == "run:cell-0"
+    router.mark_failed("run:cell-0", "x")  # the cell's process died under x's request
+    # Its retry goes to the run's healthy engine, not back to the dead one of its slot.
+    assert router.engine_for("x").name == "run:pool-0"
+    assert router.engine_for("y").name == "run:pool-0"  # a newcomer too
