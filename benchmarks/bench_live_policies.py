@@ -122,20 +122,21 @@ def main() -> None:
             config = parse_config(summary["config_toml"])
             with PostgresEventLog(StoreConfig(url)) as log:
                 report = run_report(log, run_id, phi=config.phi, mu=config.mu)
-                _, predicted = predict_run(log, run_id, config.sched(), seed=args.seed)
+                costs, predicted = predict_run(log, run_id, config.sched(), seed=args.seed)
             simulated = predicted.step_end_s[-1] if predicted.step_end_s else predicted.total_h * 3600
             rows[policy] = {
                 "summary": summary,
                 "report": report,
                 "simulated_s": simulated,
                 "predicted": predicted,
+                "costs": costs,
             }
 
     print(
         "\nthe same workload, live (every figure from the run's log) beside the simulator fed its measurements"
     )
     header = (f"{'policy':<9} {'(phi,mu)':>9} {'steps':>5} {'run s':>7} {'s/step':>7} {'sim s':>7} {'real/sim':>8} "
-              f"{'staleness':>9} {'E[d]':>5} {'sim d':>6} {'moves':>5}")  # fmt: skip
+              f"{'staleness':>9} {'E[d]':>5} {'sim d':>6} {'moves':>5} {'train s':>8} {'s/micro':>8} {'cells':>5}")  # fmt: skip
     print(header)
     for policy, row in rows.items():
         s, report = row["summary"], row["report"]
@@ -146,8 +147,14 @@ def main() -> None:
             f"{policy:<9} {f'({phi},{mu})':>9} {steps:>5} {_fmt(real):>7} {_fmt(real / steps if real else None):>7} "
             f"{_fmt(row['simulated_s']):>7} {_fmt(real / row['simulated_s'] if real else None, digits=2):>8} "
             f"{_fmt(report.staleness.measured_mean, digits=2):>9} {report.staleness.expected_mean:>5.2f} "
-            f"{row['predicted'].mean_staleness:>6.2f} {s['transitions']:>5}"
+            f"{row['predicted'].mean_staleness:>6.2f} {s['transitions']:>5} {row['costs'].compute_s:>8.1f} "
+            f"{row['costs'].compute_s / max(1, 2 * row['costs'].micro_steps):>8.3f} "
+            f"{max((st.roles.get('training', 0) for st in report.steps), default=0):>5}"
         )
+    print(
+        "  train s: forward and forward-backward seconds of every trainer cell (train.computed); s/micro: per pass"
+    )
+    print("  of a micro-step (two passes each); cells: most cells in training at a step's start")
 
     for policy, row in rows.items():
         times = row["report"].transition_times

@@ -111,3 +111,29 @@ def tree(database_url: str, execution_id: str) -> TreeView:
     with PostgresEventLog(StoreConfig(database_url)) as log:
         catch_up(log, store, projection)
     return TreeView.load(store, execution_id)
+
+
+def live_run_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment a live run's `gyre run` needs: its database, Redis and data folder."""
+    return {
+        "GYRE_DATABASE_URL": database_url,
+        "GYRE_REDIS_URL": os.environ.get("GYRE_TEST_REDIS", "redis://127.0.0.1:6379/0"),
+        "GYRE_DATA_DIR": str(data_dir),
+        **extra,
+    }
+
+
+def gyre_run(folder: Path, env: dict[str, str], *, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`gyre run --config FOLDER/run.toml --json FOLDER/run.json --quiet`, asserted to succeed;
+    a failure shows the end of its output and of every process log of the run."""
+    from tests.acceptance.conftest import gyre
+
+    out = gyre(
+        "run", "--config", str(folder / "run.toml"), "--json", str(folder / "run.json"), "--quiet",
+        env=env, timeout=timeout,
+    )  # fmt: skip
+    logs = "".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}\n" for p in sorted(folder.rglob("*.log"))
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + logs
+    return out

@@ -12,7 +12,6 @@ every move to training, counters consistent with the log); every micro-step coun
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.conftest import gyre
+from tests.acceptance.processes import gyre_run, live_run_env
 
 pytestmark = pytest.mark.timeout(1200)  # live runs of real processes
 
@@ -79,19 +79,7 @@ def run(
     folder = tmp_path_factory.mktemp(policy)
     (folder / "run.toml").write_text(CONFIG.format(policy=policy, shape=SHAPE[policy]))
     with pg.database_from(acceptance_template) as url:
-        env = {
-            "GYRE_DATABASE_URL": url,
-            "GYRE_REDIS_URL": os.environ.get("GYRE_TEST_REDIS", "redis://127.0.0.1:6379/0"),
-            "GYRE_DATA_DIR": str(folder / "data"),
-        }
-        out = gyre(
-            "run", "--config", str(folder / "run.toml"), "--json", str(folder / "run.json"), "--quiet",
-            env=env, timeout=900,
-        )  # fmt: skip
-        logs = "".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}\n" for p in sorted(folder.rglob("*.log"))
-        )
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + logs
+        gyre_run(folder, live_run_env(url, folder / "data"))
         yield Run(policy, url, json.loads((folder / "run.json").read_text()), folder)
 
 

@@ -8,7 +8,6 @@ these tests hold) serves every test of the module.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.conftest import gyre
+from tests.acceptance.processes import gyre_run, live_run_env
 
 pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
 
@@ -60,16 +60,8 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, acceptance_template: str)
     folder = tmp_path_factory.mktemp("live")
     (folder / "run.toml").write_text(CONFIG)
     with pg.database_from(acceptance_template) as url:
-        env = {
-            "GYRE_DATABASE_URL": url,
-            "GYRE_REDIS_URL": os.environ.get("GYRE_TEST_REDIS", "redis://127.0.0.1:6379/0"),
-            "GYRE_DATA_DIR": str(folder / "data"),
-        }
-        out = gyre(
-            "run", "--config", str(folder / "run.toml"), "--json", str(folder / "run.json"), "--quiet",
-            env=env, timeout=900,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        env = live_run_env(url, folder / "data")
+        out = gyre_run(folder, env)
         summary = json.loads((folder / "run.json").read_text())
         caught_up = gyre("projections", "catch-up", env=env)  # every projection, as an auditor would
         assert caught_up.returncode == 0, caught_up.stderr

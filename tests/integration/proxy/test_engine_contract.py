@@ -27,6 +27,9 @@ from gyre_proxy.engines import (
     EngineNotAccepting,
     FinishKind,
     GenerateResult,
+    KvCacheNotFound,
+    KvMigrationError,
+    KvMigrationUnsupported,
     SamplingConfig,
     WeightUpdateFailed,
 )
@@ -326,3 +329,15 @@ async def test_update_weights_from_distributed_changes_logprobs_and_version(targ
             await engine.destroy_weights_update_group(group_name)
         with pytest.raises(WeightUpdateFailed, match="does not exist"):
             await engine.destroy_weights_update_group(group_name)
+
+
+async def test_kv_migration_is_a_typed_refusal_the_proxy_can_fall_back_from(target: EngineTarget) -> None:
+    # The proxy moves a rerouted request's KV cache where the engine can, and re-prefills where
+    # it cannot: either way the engine's answer is a KvMigrationError, never a crash.
+    async with client(target) as engine:
+        with pytest.raises(KvMigrationError) as refused:
+            await engine.pin_and_abort("no-such-request")
+        expected = KvCacheNotFound if target.gyre_admin else KvMigrationUnsupported
+        assert isinstance(refused.value, expected), refused.value
+        served = await engine.generate(prompt_of(3), SamplingConfig(max_new_tokens=2, temperature=0.0))
+    assert len(served.output_ids) == 2
