@@ -63,7 +63,8 @@ class CellCommand(Event, frozen=True, kw_only=True):
 
 @REGISTRY.register("cell.step_done", stream="cellcmd", key=("run_id", "cell_index"))
 class CellStepDone(Event, frozen=True, kw_only=True):
-    """Cell ``cell_index`` completed ``step`` of its transition ``transition`` in ``seconds``."""
+    """Cell ``cell_index`` completed ``step`` of its transition ``transition`` in ``seconds``
+    (for ``join``: ``batch``, the batch it joined)."""
 
     run_id: Ident
     cell_index: NonNegative
@@ -71,6 +72,7 @@ class CellStepDone(Event, frozen=True, kw_only=True):
     transition: NonNegative
     seconds: Annotated[float, msgspec.Meta(ge=0)]
     detail: str = ""
+    batch: NonNegative | None = None
 
 
 @REGISTRY.register("execution.rerouted", stream="execution", key="execution_id")

@@ -139,7 +139,9 @@ class ElasticCell:
                 done.add((event.transition, event.step))
         return [c for c in commands if (c.transition, c.step) not in done]
 
-    def _done(self, command: CellCommand, step: CellStep, began: float, detail: str = "") -> None:
+    def _done(
+        self, command: CellCommand, step: CellStep, began: float, detail: str = "", batch: int | None = None
+    ) -> None:
         event = CellStepDone(
             run_id=self._run_id,
             cell_index=self._index,
@@ -147,6 +149,7 @@ class ElasticCell:
             transition=command.transition,
             seconds=max(0.0, self._clock() - began),
             detail=detail,
+            batch=batch,
         )
         key = f"cell-step:{self._run_id}/{self._index}/{command.transition}/{step.value}"
         self.log.append([NewEvent(event, key, metadata=self._meta)])
@@ -171,8 +174,9 @@ class ElasticCell:
 
     def _recovered(self) -> tuple[bool, CellCommand | None]:
         """Where the cell's completed steps left it: serving rollout (every cell starts there),
-        and the command whose training it was in, if it had not released it."""
-        serving, training = True, None
+        and the command whose training it was in, if it had not released it and its burst is
+        not over (a cell that died between its burst's end and its next command waits for it)."""
+        serving, training, joined = True, None, None
         commands = {}
         for recorded in self.log.read_stream(self._stream):
             event = recorded.event
@@ -185,10 +189,21 @@ class ElasticCell:
                     case CellStep.RESTORE_ROLLOUT:
                         serving = True
                     case CellStep.RESTORE | CellStep.CORE_STAYS:
-                        training = commands.get((event.transition, event.step))
+                        training, joined = commands.get((event.transition, event.step)), None
+                    case CellStep.JOIN:
+                        joined = event.batch
                     case CellStep.RELEASE_TRAINING:
                         training = None
+        if training is not None and joined is not None:
+            mu = self.config.mu
+            if self._open_step() // mu != joined // mu:
+                training = None  # that burst is trained: the controller's next command decides
         return serving, training
+
+    def _open_step(self) -> int:
+        """The batch this cell would train next: the core's from its version, a satellite's the
+        run's first batch whose update is not recorded."""
+        return self.cell.version if self._index == CORE else self._closed_steps()
 
     def run(self, stop: threading.Event) -> None:
         """Carry out this cell's commands until ``stop`` is set. A cell started again takes up
@@ -276,7 +291,7 @@ class ElasticCell:
         """Train the open batch and the rest of its burst, in this cell's role (core or satellite);
         record ``join`` once the cell is in the batch."""
         c = self.config
-        step = self.cell.version if self._index == CORE else self._closed_steps()
+        step = self._open_step()
         if step >= c.steps:
             return  # the run is trained: nothing left to join
         last = min((step // c.mu + 1) * c.mu, c.steps)
@@ -284,7 +299,7 @@ class ElasticCell:
         began = self._clock()
 
         def joined(batch: int) -> None:
-            self._done(command, CellStep.JOIN, began, f"batch {batch}")
+            self._done(command, CellStep.JOIN, began, f"batch {batch}", batch=batch)
 
         if self._index == CORE:
             self.training = True  # packing resumes (after a core_stays decision too)

@@ -166,3 +166,30 @@ def test_a_cell_started_again_resumes_where_its_steps_left_it() -> None:
     stop.set()
     third.run(stop)
     assert third.trained == [3] and third_engine.calls == [] and third.training
+
+
+def test_a_cell_started_again_after_its_burst_ended_waits_for_its_next_command() -> None:
+    from gyre_store import BatchClosed
+
+    log = InMemoryEventLog()
+    steps = (CellStep.DRAIN, CellStep.REROUTE, CellStep.RELEASE, CellStep.RESTORE)
+    log.append([_command(s, 5) for s in steps])
+    for s in steps:
+        log.append([NewEvent(CellStepDone(run_id=RUN, cell_index=1, step=s, transition=5, seconds=0.0))])
+    log.append(
+        [
+            NewEvent(
+                CellStepDone(run_id=RUN, cell_index=1, step=CellStep.JOIN, transition=5, seconds=0.0, batch=0)
+            )
+        ]
+    )
+    log.append([NewEvent(BatchClosed(run_id=RUN, step=0))])
+    stop = threading.Event()
+    stop.set()
+    inside = _cell(log, FakeEngine())  # batch 1 of the burst (mu = 2) is still open: it rejoins
+    inside.run(stop)
+    assert inside.trained == [5]
+    log.append([NewEvent(BatchClosed(run_id=RUN, step=1))])
+    after = _cell(log, FakeEngine())  # the burst is over: it waits for release_training
+    after.run(stop)
+    assert after.trained == [] and after.engine.calls == []  # type: ignore[attr-defined]
