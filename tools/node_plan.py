@@ -73,7 +73,10 @@ def node_plan(
         if resume.step < config.steps:
             spec = ModelSpec(config={}, seed=config.seed, model_dir=resume.model_dir or initial)
             optimizer = OptimizerConfig(
-                kind=config.train.optimizer, lr=config.train.lr, max_grad_norm=config.train.max_grad_norm
+                kind=config.train.optimizer,
+                lr=config.train.lr,
+                max_grad_norm=config.train.max_grad_norm,
+                state_path=resume.training_state,  # the moments at the last publication, when kept
             )
             port = dist_port or free_port()
             # Queue keys of this incarnation of the trainer alone: a resumed trainer (or a run id

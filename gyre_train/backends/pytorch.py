@@ -44,6 +44,9 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # The optimizer's state to start from (``TorchBackend.save_training_state``): a resumed
+    # core keeps its moments instead of starting them from zero.
+    state_path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("adamw", "sgd"):
@@ -180,7 +183,26 @@ class TorchBackend:
             p.grad = None
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        return make_optimizer(self._params, self.optimizer_config)
+        optimizer = make_optimizer(self._params, self.optimizer_config)
+        path = self.optimizer_config.state_path
+        if path is not None:
+            if not Path(path).is_file():
+                raise InvalidConfigError(f"no optimizer state at {path}")
+            optimizer.load_state_dict(torch.load(path, weights_only=True))
+        return optimizer
+
+    def save_training_state(self, path: Path) -> Path | None:
+        """The optimizer's state (its moments and step counts) to ``path``, for a core resumed
+        from this policy; None when no update was made yet (nothing to keep)."""
+        if self._optimizer is None and self.optimizer_config.state_path is None:
+            return None
+        if self._optimizer is None:
+            self._optimizer = self._make_optimizer()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        torch.save(self._optimizer.state_dict(), partial)
+        partial.replace(path)  # whole or absent: a core killed mid-write leaves the old one
+        return path
 
     def apply_update(self, flat_gradients: torch.Tensor) -> float:
         """Clip the batch gradient by global norm and make one optimizer step; returns the norm.

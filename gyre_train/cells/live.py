@@ -13,8 +13,10 @@ the newest published policy itself); one that refuses fails the publication.
 
 A trainer started again on a run that already trained resumes after the last publication: it
 loads that policy, trains again the steps whose updates were lost (their recorded facts stand;
-the groups those steps had consumed are taken again), and goes on. The optimizer's moments are
-not checkpointed: they start again from zero on resume.
+the groups those steps had consumed are taken again), and goes on. Each publication also
+keeps the core's optimizer state beside the policy (``policy-v<N>.optimizer.pt``, the newest
+only), so a resumed core goes on with its moments; a Megatron core publishes an export and
+keeps none (its moments start again from zero).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from gyre_proxy.engines import EngineError, EngineUnavailable
 from gyre_proxy.engines.weights import EngineWeightSink
@@ -87,6 +90,7 @@ class Resume:
     step: int
     version: int
     model_dir: Path | None
+    training_state: Path | None = None  # the core's optimizer state at that publication
 
 
 def resume_point(log: EventLog, run_id: str, mu: int, publish_dir: Path) -> Resume:
@@ -99,12 +103,31 @@ def resume_point(log: EventLog, run_id: str, mu: int, publish_dir: Path) -> Resu
     for version in sorted(published, reverse=True):
         folder = policy_dir(publish_dir, version)
         if (folder / "config.json").is_file() and version % mu == 0:
-            return Resume(step=version, version=version, model_dir=folder)
+            state = training_state_path(publish_dir, version)
+            return Resume(
+                step=version,
+                version=version,
+                model_dir=folder,
+                training_state=state if state.is_file() else None,
+            )
     return Resume(step=0, version=0, model_dir=None)
 
 
 def policy_dir(publish_dir: Path, version: int) -> Path:
     return publish_dir / f"policy-v{version}"
+
+
+def training_state_path(publish_dir: Path, version: int) -> Path:
+    """Where the core's optimizer state at publication ``version`` is kept (beside the policy
+    folder, never in it: engines load every weight file of that folder)."""
+    return publish_dir / f"policy-v{version}.optimizer.pt"
+
+
+@runtime_checkable
+class KeepsTrainingState(Protocol):
+    """A published model that can keep its training state for a resumed core (TorchBackend)."""
+
+    def save_training_state(self, path: Path) -> Path | None: ...
 
 
 class LivePublisher:
@@ -128,6 +151,13 @@ class LivePublisher:
 
     def publish(self, model: PublishableModel, policy_version: int) -> None:
         path = model.save(policy_dir(self.publish_dir, policy_version))
+        kept = training_state_path(self.publish_dir, policy_version)
+        # Kept before the engines load the policy, so a recorded publication has its state; only
+        # the newest is kept (an AdamW state is twice the model).
+        if isinstance(model, KeepsTrainingState) and model.save_training_state(kept) is not None:
+            for older in self.publish_dir.glob("policy-v*.optimizer.pt"):
+                if older != kept:
+                    older.unlink(missing_ok=True)
         engines = self.engines()
         if not engines:
             raise PublicationError(f"run {self.run_id} has no registered engine to publish to")
