@@ -122,6 +122,7 @@ def _domain_errors() -> tuple[type[Exception], ...]:
         ("gyre_proxy.exceptions", "GyreProxyError"),
         ("gyre_sched.exceptions", "GyreSchedError"),
         ("gyre_train.exceptions", "GyreTrainError"),
+        ("gyre_tools.run_config", "ConfigFileError"),  # a run's config: the bad key, not a traceback
     ):
         try:
             roots.append(getattr(importlib.import_module(module), name))

@@ -69,6 +69,9 @@ def register(subparsers: Any) -> None:
         parser.add_argument("--quiet", action="store_true", help="no live view")
     add_env_argument(run, "--config", "GYRE_RUN_CONFIG", help="the run's TOML file (see --write-config)")
     add_env_argument(run, "--run-id", "GYRE_RUN_ID", help="continue this run (default: the config's run_id)")
+    add_env_argument(
+        run, "--policy", "GYRE_RUN_POLICY", help="async, elastic or colocate (default: the config's policy)"
+    )
     run.add_argument("--write-config", type=Path, help="write the demo's commented config here and exit")
     run.set_defaults(func=run_command)
     demo.set_defaults(func=demo_command)
@@ -85,6 +88,8 @@ def run_command(args: argparse.Namespace) -> int:
         console.print(f"wrote the demo's configuration to {args.write_config}")
         return 0
     config = read_config(Path(args.config)) if args.config else DEMO
+    if getattr(args, "policy", None):
+        config = parse_config(to_toml(_with_policy(config, args.policy)), where="--policy")
     started = time.monotonic()
     register_sched_events()
     # SIGTERM ends the run as Ctrl-C does: the processes are stopped and the report written.
@@ -100,6 +105,12 @@ def run_command(args: argparse.Namespace) -> int:
         }
         with run.phase("prepare"):  # the run and its starting policy (a warm start once)
             run.prepare()
+        if getattr(args, "policy", None) and run.config.policy != args.policy:
+            console.print(
+                f"[red]run {run.run_id} was recorded with policy {run.config.policy!r}, not "
+                f"{args.policy!r}: a continued run keeps its recorded configuration[/red]"
+            )
+            return 2
         try:
             with run.phase("start"):
                 run.start(env)
@@ -502,6 +513,12 @@ class Lifecycle:
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _with_policy(config: RunConfig, policy: str) -> RunConfig:
+    import msgspec
+
+    return msgspec.structs.replace(config, policy=policy)
 
 
 def _replace(config: RunConfig, *, run_id: str, run_dir: str, init: str) -> RunConfig:

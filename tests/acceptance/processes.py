@@ -123,13 +123,15 @@ def live_run_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, s
     }
 
 
-def gyre_run(folder: Path, env: dict[str, str], *, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """`gyre run --config FOLDER/run.toml --json FOLDER/run.json --quiet`, asserted to succeed;
-    a failure shows the end of its output and of every process log of the run."""
+def gyre_run(
+    folder: Path, env: dict[str, str], *args: str, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """`gyre run --config FOLDER/run.toml --json FOLDER/run.json --quiet [ARGS]`, asserted to
+    succeed; a failure shows the end of its output and of every process log of the run."""
     from tests.acceptance.conftest import gyre
 
     out = gyre(
-        "run", "--config", str(folder / "run.toml"), "--json", str(folder / "run.json"), "--quiet",
+        "run", "--config", str(folder / "run.toml"), "--json", str(folder / "run.json"), "--quiet", *args,
         env=env, timeout=timeout,
     )  # fmt: skip
     logs = "".join(

@@ -36,7 +36,6 @@ SHAPE = {
 CONFIG = """
 seed = 7
 steps = 4
-policy = "{policy}"
 phi = 1.0
 mu = 2
 B = 4
@@ -77,9 +76,9 @@ def run(
 
     policy = str(request.param)
     folder = tmp_path_factory.mktemp(policy)
-    (folder / "run.toml").write_text(CONFIG.format(policy=policy, shape=SHAPE[policy]))
+    (folder / "run.toml").write_text(CONFIG.format(shape=SHAPE[policy]))  # the policy comes from --policy
     with pg.database_from(acceptance_template) as url:
-        gyre_run(folder, live_run_env(url, folder / "data"))
+        gyre_run(folder, live_run_env(url, folder / "data"), "--policy", policy)
         yield Run(policy, url, json.loads((folder / "run.json").read_text()), folder)
 
 
@@ -89,6 +88,7 @@ def _rows(url: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
 
 
 def test_every_step_trains_and_every_version_is_published_once(run: Run) -> None:
+    assert run.summary["policy"] == run.policy  # gyre run --policy over the config's default
     assert [s["step"] for s in run.summary["steps"]] == [0, 1, 2, 3]
     assert all(s["groups"] == 4 for s in run.summary["steps"])
     versions = [v for (v,) in _rows(run.database_url, "SELECT (body->>'policy_version')::int FROM gyre_events "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gyre_tools.run_config import DEMO, ConfigFileError, parse_config, to_toml
@@ -28,3 +30,12 @@ def test_a_policy_that_moves_cells_reaches_the_scheduler(policy: str) -> None:
     assert (sched.policy.value, sched.cells, sched.tau_s) == (policy, 3, 0.5)
     with pytest.raises(ConfigFileError, match="policy must be one of"):
         parse_config('policy = "sideways"\n')
+
+
+def test_a_bad_policy_flag_is_refused_in_one_line_before_anything_starts(tmp_path: Path) -> None:
+    from gyre_tools.cli import main
+
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(DEMO))
+    assert main(["run", "--config", str(config), "--policy", "sideways"]) == 2  # before anything starts
+    assert parse_config(config.read_text()).policy == "async"
