@@ -234,7 +234,8 @@ def _role_timeline(
     """Each cell's roles over the run, from its start to its last update (rollout until a change)."""
     if started is None or end is None:
         return []
-    current = {c: (CellRole.ROLLOUT.value, 0.0) for c in range(cells)}
+    fixed = next((r.event.fixed_training_cells for r in events if isinstance(r.event, RunStarted)), 0)
+    current = {c: ((CellRole.TRAINING if c < fixed else CellRole.ROLLOUT).value, 0.0) for c in range(cells)}
     spans: list[RoleSpan] = []
     for r in events:
         if isinstance(r.event, CellRoleChanged) and r.event.cell_index in current:
@@ -250,8 +251,10 @@ def _role_timeline(
 
 
 def _roles_at(events: list[RecordedEvent], cells: int, at: datetime | None) -> dict[str, int]:
-    """How many of the run's cells held each role at ``at`` (a cell with no change: rollout)."""
-    role = dict.fromkeys(range(cells), CellRole.ROLLOUT)
+    """How many of the run's cells held each role at ``at`` (a cell with no change yet holds
+    the role it started in: training for a fixed partition's cells, else rollout)."""
+    fixed = next((r.event.fixed_training_cells for r in events if isinstance(r.event, RunStarted)), 0)
+    role = {c: CellRole.TRAINING if c < fixed else CellRole.ROLLOUT for c in range(cells)}
     for r in events:
         if at is not None and r.recorded_at > at:
             break

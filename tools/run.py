@@ -342,6 +342,7 @@ class LiveRun:
                 cells=c.cells, cell_capacity=c.engine_capacity,
                 separate_capacity=c.rollout_engines * c.engine_capacity, phi=c.phi, mu=c.mu,
                 max_trajectories=c.train.jmax,
+                fixed_training_cells=c.cells if c.sched().policy is PolicyKind.ASYNC else 0,
             )  # fmt: skip
             self.log.append(
                 [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]

@@ -48,6 +48,9 @@ class RunStarted(Event, frozen=True, kw_only=True):
     phi: Annotated[float, msgspec.Meta(ge=0)] = 0.5
     mu: Positive = 1
     max_trajectories: Positive = 5  # J_max
+    # Cells in the training role from the start, for the run's whole life (a fixed partition,
+    # the Async policy: all of them); the others start in rollout.
+    fixed_training_cells: NonNegative = 0
 
 
 @REGISTRY.register("group.dispatched", stream="group", key="group_id")
