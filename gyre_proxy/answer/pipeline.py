@@ -49,8 +49,8 @@ from gyre_proxy.exceptions import (
     Overloaded,
 )
 from gyre_proxy.ingest import Ingestor, Match, Prepared, RecordSpool
+from gyre_store import GyreStoreError
 from gyre_store.catalog import ModelCallRecorded, MovePath, RequestMoved, TitoArrays
-from gyre_store.exceptions import GyreStoreError
 from gyre_store.log import EventMetadata, NewEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
 
