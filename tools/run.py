@@ -87,9 +87,11 @@ def run_command(args: argparse.Namespace) -> int:
         args.write_config.write_text(to_toml(DEMO))
         console.print(f"wrote the demo's configuration to {args.write_config}")
         return 0
-    config = read_config(Path(args.config)) if args.config else DEMO
-    if getattr(args, "policy", None):
-        config = parse_config(to_toml(_with_policy(config, args.policy)), where="--policy")
+    policy = getattr(args, "policy", None) or None
+    if args.config:
+        config = read_config(Path(args.config), policy=policy)
+    else:
+        config = parse_config(to_toml(DEMO), where="the demo's config", policy=policy) if policy else DEMO
     started = time.monotonic()
     register_sched_events()
     # SIGTERM ends the run as Ctrl-C does: the processes are stopped and the report written.
@@ -362,9 +364,23 @@ class LiveRun:
                     viewed = time.monotonic()
             if live_view:
                 live.update(_patient(self._view))  # the last step too
+            self._settle_transitions(timeout_s=60.0)
         if c.eval.heldout:
             with self.phase("held-out after"):
                 self._held_out("heldout-after")
+
+    def _settle_transitions(self, timeout_s: float) -> None:
+        """After the last publication, let the transitions already begun (the cells returning to
+        rollout at the last burst end) complete, so the run ends with every cell in a role."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            report = _patient(
+                lambda: run_report(self.log, self.run_id, phi=self.config.phi, mu=self.config.mu)
+            )
+            if all(t.total_s is not None for t in report.transition_times):
+                return
+            self._check_children()
+            time.sleep(0.2)
 
     def _published(self) -> int:
         versions = [
@@ -514,12 +530,6 @@ class Lifecycle:
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _with_policy(config: RunConfig, policy: str) -> RunConfig:
-    import msgspec
-
-    return msgspec.structs.replace(config, policy=policy)
 
 
 def _replace(config: RunConfig, *, run_id: str, run_dir: str, init: str) -> RunConfig:

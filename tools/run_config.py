@@ -95,12 +95,15 @@ class ConfigFileError(ValueError):
     """The run configuration cannot be read or is inconsistent."""
 
 
-def parse_config(text: str, *, where: str = "the config") -> RunConfig:
-    """A ``RunConfig`` from TOML text; raises ConfigFileError naming the bad key."""
+def parse_config(text: str, *, where: str = "the config", policy: str | None = None) -> RunConfig:
+    """A ``RunConfig`` from TOML text (``policy``, when given, in place of the text's: the
+    checks see the policy the run will have); raises ConfigFileError naming the bad key."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(f"{where} is not valid TOML: {exc}") from exc
+    if policy is not None:
+        raw["policy"] = policy
     try:
         config = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
@@ -124,8 +127,8 @@ def parse_config(text: str, *, where: str = "the config") -> RunConfig:
     return config
 
 
-def read_config(path: Path) -> RunConfig:
-    return parse_config(path.read_text(), where=str(path))
+def read_config(path: Path, *, policy: str | None = None) -> RunConfig:
+    return parse_config(path.read_text(), where=str(path), policy=policy)
 
 
 def to_toml(config: RunConfig) -> str:

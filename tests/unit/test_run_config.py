@@ -39,3 +39,14 @@ def test_a_bad_policy_flag_is_refused_in_one_line_before_anything_starts(tmp_pat
     config.write_text(to_toml(DEMO))
     assert main(["run", "--config", str(config), "--policy", "sideways"]) == 2  # before anything starts
     assert parse_config(config.read_text()).policy == "async"
+
+
+def test_the_policy_flag_is_checked_as_the_run_will_have_it() -> None:
+    # Three moving cells beside a pool of 4 hold a batch of 8; as async (the pool alone) they
+    # would not: the checks must see the policy given on the command line.
+    text = "B = 4\nN = 2\ncells = 3\nrollout_engines = 1\nengine_capacity = 4\n"
+    from gyre_sched import CapacityBelowBatchError
+
+    with pytest.raises(CapacityBelowBatchError, match="below one batch"):
+        parse_config(text)
+    assert parse_config(text, policy="elastic").policy == "elastic"
