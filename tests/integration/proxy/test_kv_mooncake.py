@@ -35,10 +35,14 @@ from gyre_proxy.engines import (
     KvTransferUnsupported,
     SamplingConfig,
 )
-from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG, ModelSource, ReferenceEngineConfig
+from gyre_proxy.engines.refengine import (
+    DEFAULT_MODEL_CONFIG,
+    ModelSource,
+    MooncakeConfig,
+    ReferenceEngineConfig,
+)
 from gyre_proxy.engines.refengine import ReferenceEngineServer as Server
 from gyre_proxy.engines.refengine.decode_loop import PIN_ABORT_MESSAGE
-from gyre_proxy.engines.refengine.kvmooncake import MooncakeConfig
 from gyre_proxy.engines.refengine.kvstore import KvLimits
 from tests.real_servers import unavailable
 

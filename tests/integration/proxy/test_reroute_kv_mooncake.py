@@ -21,8 +21,12 @@ import anthropic
 import httpx
 import pytest
 
-from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
-from gyre_proxy.engines.refengine.kvmooncake import MooncakeConfig
+from gyre_proxy.engines.refengine import (
+    ModelSource,
+    MooncakeConfig,
+    ReferenceEngineConfig,
+    ReferenceEngineServer,
+)
 from gyre_proxy.service import ProxyConfig, ProxyService, issue_key
 from gyre_store import (
     EngineRegistered,
