@@ -1,4 +1,4 @@
-"""Rerouting a decoding request: KV migration against re-prefill, from the abort to the first new token.
+"""Rerouting a decoding request: KV migration over HTTP, over Mooncake, and re-prefill, from the abort to the first new token.
 
 Two reference engines on loopback HTTP (A the source, B the destination), the tiny byte-vocab
 Qwen3 of the tests (2 layers, 2 KV heads of 16 dims, float32: 512 bytes of KV per token) with
@@ -7,16 +7,27 @@ real every trial) until it has produced ``--decoded`` tokens; then the clock sta
 request moves to B, which continues it from the context plus the produced tokens, as the
 proxy's retry does:
 
-* (a) migration: ``pin_and_abort`` on A, ``export_kv`` from A, ``import_kv`` into B, then a
-  streamed ``/generate`` on B until its first token (B prefills one position); A's pin is
-  released after that, outside the clock.
+* (a) migration over HTTP: ``pin_and_abort`` on A, ``export_kv`` from A, ``import_kv`` into
+  B, then a streamed ``/generate`` on B until its first token (B prefills one position); A's
+  pin is released after that, outside the clock.
 * (b) re-prefill: ``abort`` on A, then the streamed ``/generate`` on B, which prefills the
   whole context.
+* (c) migration over Mooncake Transfer Engine (TCP on loopback here): ``pin_and_abort`` on A,
+  ``expose_kv`` on A (pack, register), ``pull_kv`` on B (B reads A's memory, unpacks and
+  checks), then the same ``/generate``; released outside the clock. Both Transfer Engines
+  start, and B first meets A's segment, in one untimed move before the trials; that cost is
+  printed apart.
 
-Each path runs ``--repeats`` times per length; the table shows the median and range of each,
-(a)/(b), and (a)'s phases. The payload crosses loopback twice (A to this process, this process
-to B), as it would through the proxy; "transfer" is export + import minus packing and
-unpacking, which are timed in the same process on the same cache. Asserts nothing.
+The three paths are interleaved, ``--repeats`` times each per length. The table shows each
+one's median and range, the ratios, and the phases of (a) and (c). In (a) the payload crosses
+loopback twice, A to this process and this process to B, as it would through the proxy.
+"transfer" is export + import minus packing and unpacking. In (c) the payload crosses once, A
+to B. A's registration and B's read (registering its buffer, reading, copying the bytes out for
+safetensors) are timed inside the clock, by wrapping each engine's ``KvTransfer``; every phase
+of (c) is measured on the move itself. (a)'s packing and unpacking are timed outside the
+clock, in this process (the engines run in it), on the same cache. Fresh allocations there
+make them slower than inside the engines' threads (an expose, which packs, took less than an
+outside pack), so (a)'s "transfer" is a lower bound. Asserts nothing.
 
     .venv/bin/python benchmarks/bench_kv_migration.py [--contexts 4096 32768 --repeats 5 --decoded 16]
 """
@@ -42,6 +53,7 @@ from gyre_proxy.engines.refengine import (
     ReferenceEngineConfig,
     ReferenceEngineServer,
 )
+from gyre_proxy.engines.refengine.kvmooncake import KvTransfer
 from gyre_proxy.engines.refengine.kvpayload import pack, unpack
 
 MAX_POSITIONS = 65_536
@@ -153,6 +165,104 @@ async def trial_migration(
     )
 
 
+class TimedTransfer:
+    """An engine's ``KvTransfer`` with the time of its last expose (registration) and read kept,
+    so the phases of (c) are measured inside the clock, on the move itself."""
+
+    def __init__(self, inner: KvTransfer) -> None:
+        self.inner = inner
+        self.expose_s = 0.0
+        self.read_s = 0.0
+
+    @property
+    def protocol(self) -> str:
+        return self.inner.protocol
+
+    def status(self) -> tuple[bool, str]:
+        return self.inner.status()
+
+    def expose(self, data: bytes) -> tuple[str, int]:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.expose(data)
+        finally:
+            self.expose_s = time.perf_counter() - t0
+
+    def withdraw(self, address: int) -> None:
+        self.inner.withdraw(address)
+
+    def read(self, segment: str, address: int, nbytes: int) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.read(segment, address, nbytes)
+        finally:
+            self.read_s = time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def trial_mooncake(
+    a: EngineClient,
+    b: EngineClient,
+    b_http: httpx.AsyncClient,
+    src: ReferenceEngineServer,
+    src_transfer: TimedTransfer,
+    dst_transfer: TimedTransfer,
+    prompt: list[int],
+    decoded: int,
+) -> Trial:
+    rid = f"mc-{uuid.uuid4().hex[:8]}"
+    stream = await stream_until(a, prompt, rid, decoded)
+    start = time.perf_counter()
+    pinned = await a.pin_and_abort(rid)
+    produced = await stream
+    pinned_at = time.perf_counter()
+    exposed = await a.expose_kv(rid)
+    exposed_at = time.perf_counter()
+    await b.pull_kv(exposed)
+    pulled_at = time.perf_counter()
+    ids = prompt + produced
+    at, cached = await first_token(b_http, ids)
+    assert exposed.num_tokens == len(ids) == pinned.num_tokens
+    register_s, read_s = src_transfer.expose_s, dst_transfer.read_s
+    await a.release_kv(rid)
+    await b.flush_cache()
+    expose_s, pull_s = exposed_at - pinned_at, pulled_at - exposed_at
+    return Trial(
+        first_token=at - start,
+        cached_tokens=cached,
+        phases={
+            "pin+abort": pinned_at - start,
+            "expose (pack, register, call)": expose_s,
+            "  of which register": register_s,
+            "pull (read, keep, call)": pull_s,
+            "  of which Mooncake read": read_s,
+            "  the rest (unpack, checks, call)": pull_s - read_s,
+            "first token": at - pulled_at,
+            "bytes": float(exposed.nbytes),
+        },
+    )
+
+
+async def warm_up_mooncake(a: EngineClient, b: EngineClient, prompt: list[int]) -> tuple[float, float]:
+    """One untimed-in-the-table move over Mooncake on a short prompt: both Transfer Engines start
+    (they start at their first migration) and B opens A's segment. Returns the expose and pull
+    times of that first move."""
+    rid = f"warm-{uuid.uuid4().hex[:8]}"
+    stream = await stream_until(a, prompt, rid, 2)
+    await a.pin_and_abort(rid)
+    await stream
+    t0 = time.perf_counter()
+    exposed = await a.expose_kv(rid)
+    t1 = time.perf_counter()
+    await b.pull_kv(exposed)
+    t2 = time.perf_counter()
+    await a.release_kv(rid)
+    await b.flush_cache()
+    return t1 - t0, t2 - t1
+
+
 async def trial_reprefill(
     a: EngineClient, b: EngineClient, b_http: httpx.AsyncClient, prompt: list[int], decoded: int
 ) -> Trial:
@@ -171,25 +281,35 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
     return f"{med:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
 
-def report(context: int, migrated: list[Trial], reprefilled: list[Trial], decoded: int) -> None:
+def report(
+    context: int, migrated: list[Trial], reprefilled: list[Trial], mooncake: list[Trial], decoded: int
+) -> None:
     a = [t.first_token for t in migrated]
     b = [t.first_token for t in reprefilled]
+    c = [t.first_token for t in mooncake]
     print(f"\ncontext {context} tokens, >= {decoded} decoded on A before the reroute; {len(a)} trials each")
+    for label, times, trials in (
+        ("(a) migration, HTTP    ", a, migrated),
+        ("(b) re-prefill         ", b, reprefilled),
+        ("(c) migration, Mooncake", c, mooncake),
+    ):
+        print(
+            f"  {label} abort -> first token on B   {spread(times)} s   cached_tokens {trials[0].cached_tokens}"
+        )
+    med = statistics.median
     print(
-        f"  (a) migration   abort -> first token on B   {spread(a)} s   cached_tokens {migrated[0].cached_tokens}"
+        f"  of the medians: (a)/(b) {med(a) / med(b):.3f}   (c)/(b) {med(c) / med(b):.3f}   "
+        f"(c)/(a) {med(c) / med(a):.3f}"
     )
-    print(
-        f"  (b) re-prefill  abort -> first token on B   {spread(b)} s   cached_tokens {reprefilled[0].cached_tokens}"
-    )
-    print(f"  (a)/(b) of the medians: {statistics.median(a) / statistics.median(b):.3f}")
-    print("  (a) phases, median [min-max]:")
     show: dict[str, Callable[[list[float]], str]] = {
         "bytes": lambda v: f"{statistics.median(v) / 1e6:.2f} MB",
     }
-    for name in migrated[0].phases:
-        values = [t.phases[name] for t in migrated]
-        text = show[name](values) if name in show else f"{spread(values, 1000.0, 1)} ms"
-        print(f"    {name:<28} {text}")
+    for label, trials in (("(a)", migrated), ("(c)", mooncake)):
+        print(f"  {label} phases, median [min-max]:")
+        for name in trials[0].phases:
+            values = [t.phases[name] for t in trials]
+            text = show[name](values) if name in show else f"{spread(values, 1000.0, 1)} ms"
+            print(f"    {name:<34} {text}")
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -202,14 +322,35 @@ async def run(args: argparse.Namespace) -> None:
             EngineClient(EngineClientConfig(dst.base_url, timeout_s=600)) as b,
             httpx.AsyncClient(base_url=dst.base_url, timeout=600) as b_http,
         ):
+            # Timed seams on both engines: the registration on A, the read on B.
+            src_transfer = TimedTransfer(src.engine.kv_transfer)
+            dst_transfer = TimedTransfer(dst.engine.kv_transfer)
+            src.engine.kv_transfer, dst.engine.kv_transfer = src_transfer, dst_transfer
+            status = await b.kv_status()
+            if not status.mooncake:
+                raise SystemExit(
+                    f"(c) needs Mooncake Transfer Engine on the engines: {status.mooncake_detail}"
+                )
+            expose_s, pull_s = await warm_up_mooncake(a, b, [int(x) for x in rng.integers(3, 250, size=64)])
+            print(
+                f"Mooncake's first move (Transfer Engines start, B opens A's segment; 64 tokens): "
+                f"expose {expose_s * 1000:.1f} ms, pull {pull_s * 1000:.1f} ms; "
+                f"{(await a.kv_status()).mooncake_detail}"
+            )
             for context in args.contexts:
                 prompt = [int(x) for x in rng.integers(3, 250, size=context)]
                 migrated: list[Trial] = []
                 reprefilled: list[Trial] = []
-                for _ in range(args.repeats):  # interleaved, so drift in the machine's load hits both
+                mooncake: list[Trial] = []
+                for _ in range(args.repeats):  # interleaved, so drift in the machine's load hits all three
                     migrated.append(await trial_migration(a, b, b_http, src, prompt, args.decoded))
                     reprefilled.append(await trial_reprefill(a, b, b_http, prompt, args.decoded))
-                report(context, migrated, reprefilled, args.decoded)
+                    mooncake.append(
+                        await trial_mooncake(
+                            a, b, b_http, src, src_transfer, dst_transfer, prompt, args.decoded
+                        )
+                    )
+                report(context, migrated, reprefilled, mooncake, args.decoded)
 
 
 def main() -> None:

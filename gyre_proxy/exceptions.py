@@ -19,7 +19,9 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │         ├── KvCacheNotFound
      │         ├── KvCacheFull
      │         ├── KvCacheIncompatible
-     │         └── KvMigrationUnsupported
+     │         ├── KvMigrationUnsupported
+     │         ├── KvTransferUnsupported
+     │         └── KvTransferFailed
      ├── ReferenceEngineError
      │    ├── ModelLoadError
      │    ├── ScriptError
@@ -28,7 +30,9 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │              ├── PinNotFound
      │              ├── KvStoreFull
      │              ├── PayloadIncompatible
-     │              └── CacheNotMigratable
+     │              ├── CacheNotMigratable
+     │              ├── TransferUnavailable
+     │              └── TransferFailed
      ├── ServerStartError
      ├── HarnessError
      │    └── LaunchError
@@ -117,6 +121,17 @@ class KvMigrationUnsupported(KvMigrationError):
     plain per-layer keys and values)."""
 
 
+class KvTransferUnsupported(KvMigrationError):
+    """The engine cannot move KV payloads over Mooncake Transfer Engine (not installed, not
+    importable, turned off, or another protocol than its peer's); move it over HTTP instead
+    (``export_kv`` and ``import_kv``)."""
+
+
+class KvTransferFailed(KvMigrationError):
+    """The destination could not read the KV payload from the source's Transfer Engine (the
+    source went away, or released it); the source still holds its pin: move it over HTTP."""
+
+
 class ReferenceEngineError(GyreProxyError):
     """gyre's reference engine could not be configured."""
 
@@ -174,6 +189,20 @@ class CacheNotMigratable(KvRefused):
 
     code = "kv_unsupported"
     http_status = 400
+
+
+class TransferUnavailable(KvRefused):
+    """This engine cannot move KV payloads over Mooncake Transfer Engine."""
+
+    code = "kv_transfer_unsupported"
+    http_status = 501
+
+
+class TransferFailed(KvRefused):
+    """Reading a KV payload from the source's Transfer Engine failed."""
+
+    code = "kv_transfer_failed"
+    http_status = 502
 
 
 # -- HTTP servers -------------------------------------------------------------------------------

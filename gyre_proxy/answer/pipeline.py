@@ -9,9 +9,9 @@ aborts mid-answer, the same answer continues on another engine from the tokens t
 already has, so the harness sees one uninterrupted response. When the scheduler moves an
 execution to another engine (the router's ``on_moved``), its request in flight is cancelled
 on the old engine, and so continues on the new one: its KV cache moves with it where both
-engines can (pinned and exported by the old one, imported by the new one before the retry,
-released once imported), and otherwise the new engine prefills its context again; which path
-it took is recorded (``request.moved``).
+engines can (pinned by the old one, read by the new one over Mooncake or carried over HTTP
+before the retry, released once imported), and otherwise the new engine prefills its context
+again; which path it took, and over which transport, is recorded (``request.moved``).
 """
 
 from __future__ import annotations
@@ -150,16 +150,24 @@ class AnswerPipeline:
             detail = detail or "an engine without KV migration"
         else:
             try:
-                payload = await src.pin_and_export(rid)  # aborts the request once its KV is pinned
+                await src.pin_and_abort(rid)  # aborts the request once its KV is pinned
             except EngineError as exc:
                 detail = f"not pinned: {exc}"
             else:
+                # Over Mooncake first: the destination reads the pinned payload from the source's
+                # memory. Where either engine cannot (or the read fails), the payload goes through
+                # this process over HTTP; the pin holds meanwhile. The detail names the transport.
+                transport = "mooncake"
                 try:
-                    kv_tokens = (await dst.import_kv(payload)).num_tokens
-                    path = MovePath.KV_MIGRATION
+                    try:
+                        imported = await dst.pull_kv(await src.expose_kv(rid))
+                    except EngineError as exc:
+                        transport = f"http (not over mooncake: {exc})"
+                        imported = await dst.import_kv(await src.export_kv(rid))
+                    kv_tokens, path, detail = imported.num_tokens, MovePath.KV_MIGRATION, transport
                     self.kv_migrated += 1
                 except EngineError as exc:
-                    detail = f"not imported: {exc}"
+                    detail = f"not imported over {transport}: {exc}"
                 finally:  # the destination holds it now, or never will: the pin goes either way
                     with contextlib.suppress(EngineError):
                         await src.release_kv(rid)

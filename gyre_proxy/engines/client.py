@@ -23,6 +23,7 @@ from gyre_proxy.engines.stream import StreamAccumulator, iter_sse_data, result_f
 from gyre_proxy.engines.transport import AiohttpEngineHttp, EngineHttp, HttpResponse, HttpxEngineHttp, drain
 from gyre_proxy.engines.types import (
     EngineInfo,
+    ExposedKv,
     GenerateDelta,
     GenerateResult,
     ImportedKv,
@@ -45,6 +46,8 @@ from gyre_proxy.exceptions import (
     KvCacheNotFound,
     KvMigrationError,
     KvMigrationUnsupported,
+    KvTransferFailed,
+    KvTransferUnsupported,
     WeightUpdateFailed,
 )
 
@@ -92,12 +95,17 @@ _KV_ERRORS: dict[str, type[KvMigrationError]] = {
     engine_api.KV_CACHE_FULL: KvCacheFull,
     engine_api.KV_INCOMPATIBLE: KvCacheIncompatible,
     engine_api.KV_UNSUPPORTED: KvMigrationUnsupported,
+    engine_api.KV_TRANSFER_UNSUPPORTED: KvTransferUnsupported,
+    engine_api.KV_TRANSFER_FAILED: KvTransferFailed,
 }
 
 
-def kv_error_for(response: HttpResponse) -> EngineError:
+def kv_error_for(
+    response: HttpResponse, missing: type[KvMigrationError] = KvMigrationUnsupported
+) -> EngineError:
     """The typed error of a refused ``/gyre/kv/...`` call: by the body's ``code``, else a 404
-    without one is an engine without these endpoints (SGLang), else as ``error_for``."""
+    without one is an engine without this endpoint (``missing``: SGLang has none of them, and
+    an engine from before the Mooncake path lacks only those), else as ``error_for``."""
     try:
         body = engine_api.decode(response.content, engine_api.KvErrorResponse)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -106,7 +114,7 @@ def kv_error_for(response: HttpResponse) -> EngineError:
         return _KV_ERRORS[body.error.code](body.error.message)
     message = error_message(response)
     if response.status in (404, 405):
-        return KvMigrationUnsupported(f"the engine has no KV-migration endpoint: {message}")
+        return missing(f"the engine has no KV-migration endpoint: {message}")
     return error_for(response.status, message)
 
 
@@ -387,13 +395,23 @@ class EngineClient:
     # A reroute that keeps its KV: ``pin_and_export`` on the source (instead of ``abort``; the
     # request's stream ends with finish ABORT as after an abort), ``import_kv`` on the
     # destination, then the retry's ``generate`` there reuses the imported prefix, and
-    # ``release_kv`` on the source once the destination has taken over. Every refusal is a
-    # ``KvMigrationError``: abort plainly (if the request was not aborted) and re-prefill.
+    # ``release_kv`` on the source once the destination has taken over. Over Mooncake the
+    # payload skips this process: ``expose_kv`` on the source, ``pull_kv`` on the destination
+    # (it reads the source's memory), then ``release_kv``. Every refusal is a
+    # ``KvMigrationError``: a ``KvTransferUnsupported`` or ``KvTransferFailed`` of the Mooncake
+    # calls leaves the pin in place for the HTTP calls; otherwise abort plainly (if the request
+    # was not aborted) and re-prefill.
 
-    async def _kv_call(self, path: str, content: bytes, kind: type[T]) -> T:
+    async def _kv_call(
+        self,
+        path: str,
+        content: bytes,
+        kind: type[T],
+        missing: type[KvMigrationError] = KvMigrationUnsupported,
+    ) -> T:
         response = await self._http.request("POST", path, content)
         if response.status != 200:
-            raise kv_error_for(response)
+            raise kv_error_for(response, missing)
         return _decode(response.content, kind, path)
 
     async def pin_and_abort(self, rid: str) -> PinnedKv:
@@ -432,8 +450,41 @@ class EngineClient:
         answer = await self._kv_call("/gyre/kv/import", data, engine_api.KvImported)
         return ImportedKv(answer.key, answer.num_tokens, answer.nbytes)
 
+    async def expose_kv(self, rid: str) -> ExposedKv:
+        """Register the pinned KV payload of ``rid`` with the engine's Mooncake Transfer Engine,
+        for a destination to read with ``pull_kv``, until ``release_kv``.
+
+        Raises ``KvTransferUnsupported`` (the engine has no Mooncake, or no such endpoint: use
+        ``export_kv``), ``KvCacheNotFound`` (nothing pinned under ``rid``), ``KvTransferFailed``.
+        """
+        body = engine_api.encode(engine_api.KvRidRequest(rid=rid))
+        answer = await self._kv_call(
+            "/gyre/kv/expose", body, engine_api.KvTransferDescriptor, KvTransferUnsupported
+        )
+        return ExposedKv.from_wire(answer)
+
+    async def pin_and_expose(self, rid: str) -> ExposedKv:
+        """``pin_and_abort`` then ``expose_kv``. If the expose fails the cache stays pinned: move
+        it with ``export_kv``, or free it with ``release_kv(rid)``."""
+        await self.pin_and_abort(rid)
+        return await self.expose_kv(rid)
+
+    async def pull_kv(self, exposed: ExposedKv) -> ImportedKv:
+        """Make this engine read ``exposed`` from the source's Transfer Engine and keep it as
+        ``import_kv`` would (the same checks, the same prefix-cache entry); release the source's
+        pin only once this returned.
+
+        Raises ``KvTransferUnsupported`` (no Mooncake here, another protocol than the source's,
+        or no such endpoint), ``KvTransferFailed`` (the read failed), ``KvCacheIncompatible``,
+        ``KvCacheFull``; after each of them the source's pin is still there for ``export_kv``.
+        """
+        body = engine_api.encode(exposed.to_wire())
+        answer = await self._kv_call("/gyre/kv/pull", body, engine_api.KvImported, KvTransferUnsupported)
+        return ImportedKv(answer.key, answer.num_tokens, answer.nbytes)
+
     async def release_kv(self, rid: str) -> engine_api.KvStatus:
-        """Unpin ``rid``'s KV (the destination has taken over); ``KvCacheNotFound`` if none."""
+        """Unpin ``rid``'s KV (the destination has taken over) and stop exposing its payload;
+        ``KvCacheNotFound`` if none."""
         body = engine_api.encode(engine_api.KvRidRequest(rid=rid))
         return await self._kv_call("/gyre/kv/release", body, engine_api.KvStatus)
 

@@ -183,6 +183,33 @@ class ImportedKv:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class ExposedKv:
+    """A pinned request's payload registered with its engine's Mooncake Transfer Engine, for a
+    destination to read (``pull_kv``) until the source releases the pin."""
+
+    rid: str
+    num_tokens: int
+    weight_version: str
+    nbytes: int
+    segment: str  # the source's Transfer Engine, "host:rpc_port"
+    address: int  # where the payload starts in the source's memory
+    protocol: str  # "tcp", or "rdma" on a cluster
+
+    @classmethod
+    def from_wire(cls, wire: engine_api.KvTransferDescriptor) -> ExposedKv:
+        return cls(
+            wire.rid, wire.num_tokens, wire.weight_version, wire.nbytes, wire.segment, wire.address,
+            wire.protocol,
+        )  # fmt: skip
+
+    def to_wire(self) -> engine_api.KvTransferDescriptor:
+        return engine_api.KvTransferDescriptor(
+            rid=self.rid, num_tokens=self.num_tokens, weight_version=self.weight_version,
+            nbytes=self.nbytes, segment=self.segment, address=self.address, protocol=self.protocol,
+        )  # fmt: skip
+
+
 @runtime_checkable
 class Engine(Protocol):
     """An inference engine the proxy can route model calls to.

@@ -237,6 +237,8 @@ KV_NOT_FOUND = "kv_not_found"
 KV_CACHE_FULL = "kv_cache_full"
 KV_INCOMPATIBLE = "kv_incompatible"
 KV_UNSUPPORTED = "kv_unsupported"
+KV_TRANSFER_UNSUPPORTED = "kv_transfer_unsupported"  # no Mooncake here: use export and import
+KV_TRANSFER_FAILED = "kv_transfer_failed"  # the destination's read from the source failed
 
 
 class KvRidRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -262,8 +264,26 @@ class KvImported(msgspec.Struct, frozen=True, kw_only=True):
     nbytes: int
 
 
+class KvTransferDescriptor(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of ``/gyre/kv/expose`` and body of ``/gyre/kv/pull``: where a pinned request's
+    payload lies in the source's memory, registered with its Mooncake Transfer Engine.
+
+    The bytes at ``address`` are the payload ``/gyre/kv/export`` answers (same format), kept
+    until ``/gyre/kv/release``; the destination reads them one-sidedly from ``segment``.
+    """
+
+    rid: str
+    num_tokens: int
+    weight_version: str
+    nbytes: int  # the payload's length
+    segment: str  # the source's Transfer Engine, "host:rpc_port"
+    address: int  # the payload's first byte in the source's address space
+    protocol: str  # the source's transport: "tcp", or "rdma" on a cluster
+
+
 class KvStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """Answer of ``/gyre/kv/status`` and ``/gyre/kv/release``: what the engine keeps, and its bounds."""
+    """Answer of ``/gyre/kv/status`` and ``/gyre/kv/release``: what the engine keeps, and its
+    bounds; whether it can move payloads over Mooncake, and how many it exposes that way."""
 
     pinned_entries: int
     pinned_bytes: int
@@ -273,6 +293,11 @@ class KvStatus(msgspec.Struct, frozen=True, kw_only=True):
     imported_bytes: int
     max_imported_entries: int
     max_imported_bytes: int
+    # Defaults: an engine from before the Mooncake path answers without them.
+    exposed_entries: int = 0  # payloads registered for /gyre/kv/pull, freed with their pin
+    exposed_bytes: int = 0
+    mooncake: bool = False  # /gyre/kv/expose and /gyre/kv/pull work on this engine
+    mooncake_detail: str = ""  # its segment and protocol, or why it cannot
 
 
 class KvErrorDetail(msgspec.Struct, frozen=True, kw_only=True):

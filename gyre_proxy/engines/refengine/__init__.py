@@ -7,6 +7,7 @@ reaches it through ``EngineClient`` as it would a real SGLang server. It needs t
 from __future__ import annotations
 
 from gyre_proxy.engines.refengine.engine import ReferenceEngine, ReferenceEngineConfig
+from gyre_proxy.engines.refengine.kvmooncake import MooncakeConfig
 from gyre_proxy.engines.refengine.model import (
     DEFAULT_MODEL_CONFIG,
     LoadedModel,
@@ -27,6 +28,7 @@ __all__ = [
     "HFTokenizer",
     "LoadedModel",
     "ModelSource",
+    "MooncakeConfig",
     "ReferenceEngine",
     "ReferenceEngineConfig",
     "ReferenceEngineServer",

@@ -4,7 +4,8 @@ It validates requests the way SGLang does (same limits, same messages), hands th
 ``DecodeLoop``, and owns what SGLang keeps in its tokenizer manager: the weight version, the
 open weight-update session, the broadcast group, memory occupation, and gyre's own admission
 switch (``accepting``), which the scheduler flips during role transitions, and the KV caches
-kept for migration (pinned on a source, imported on a destination). HTTP lives in
+kept for migration (pinned on a source, imported on a destination), with the Mooncake Transfer
+Engine that lets a destination read a pinned payload straight from the source. HTTP lives in
 ``server.py``; this module can be driven in-process, as the benchmark does.
 """
 
@@ -24,8 +25,15 @@ import torch
 from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.refengine.decode_loop import DecodeLoop, EventSink, StepEvent
 from gyre_proxy.engines.refengine.kvcache import CacheLayout, KvEntry
-from gyre_proxy.engines.refengine.kvpayload import pack, unpack
-from gyre_proxy.engines.refengine.kvstore import KvLimits, PinnedCaches, PrefixCache
+from gyre_proxy.engines.refengine.kvmooncake import KvTransfer, MooncakeConfig, MooncakeKvTransfer
+from gyre_proxy.engines.refengine.kvpayload import check_descriptor, pack, unpack
+from gyre_proxy.engines.refengine.kvstore import (
+    ExposedPayloads,
+    Exposure,
+    KvLimits,
+    PinnedCaches,
+    PrefixCache,
+)
 from gyre_proxy.engines.refengine.model import (
     LoadedModel,
     ModelSource,
@@ -41,7 +49,14 @@ from gyre_proxy.engines.weights import (
     deserialize_safetensors,
     dtype_from_name,
 )
-from gyre_proxy.exceptions import CacheNotMigratable, ModelLoadError, RequestRejected
+from gyre_proxy.exceptions import (
+    CacheNotMigratable,
+    ModelLoadError,
+    PayloadIncompatible,
+    PinNotFound,
+    RequestRejected,
+    TransferUnavailable,
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,8 @@ class ReferenceEngineConfig:
     tokenizer_vocab_only: bool = False  # never sample a padding id past the tokenizer's
     kv_pins: KvLimits = field(default_factory=KvLimits)  # caches pinned for export (source)
     kv_imports: KvLimits = field(default_factory=KvLimits)  # imported prefix caches (destination)
+    # Pinned payloads read engine to engine over Mooncake where it is installed (else HTTP only).
+    mooncake: MooncakeConfig = field(default_factory=MooncakeConfig)
 
 
 class ReferenceEngine:
@@ -90,6 +107,8 @@ class ReferenceEngine:
         self._lock = threading.Lock()
         self._session_open = False
         self._groups: dict[str, WeightUpdateGroup] = {}
+        self.kv_transfer: KvTransfer = MooncakeKvTransfer(config.mooncake)
+        self.exposed = ExposedPayloads()
 
     def __enter__(self) -> Self:
         self.loop.start()
@@ -101,6 +120,8 @@ class ReferenceEngine:
         self.loop.stop()
         for group in self._groups.values():
             group.close()
+        self.exposed.pop_all()
+        self.kv_transfer.close()
 
     @property
     def weight_version(self) -> str:
@@ -172,18 +193,97 @@ class ReferenceEngine:
     async def export_kv(self, rid: str) -> bytes:
         """The payload of ``rid``'s pinned cache (it stays pinned); raises ``PinNotFound``."""
         entry = self.loop.pinned.get(rid)
+        exposure = self.exposed.get(rid)
+        if exposure is not None and exposure.entry is entry:  # packed already for Mooncake
+            return exposure.data
         layout = self._layout()
         return await asyncio.to_thread(pack, entry, layout)
 
+    async def expose_kv(self, rid: str) -> Exposure:
+        """Register the payload of ``rid``'s pinned cache with the Transfer Engine for a
+        destination to read, until ``release_kv``; exposing it again returns the same one.
+
+        Raises ``TransferUnavailable`` without Mooncake (first, whatever else holds: the caller
+        moves it over HTTP), ``PinNotFound``, or ``TransferFailed`` when it cannot register.
+        """
+        usable, why = self.kv_transfer.status()
+        if not usable:
+            raise TransferUnavailable(why)
+        entry = self.loop.pinned.get(rid)
+        found = self.exposed.get(rid)
+        if found is not None and found.entry is entry:
+            return found
+        data = await asyncio.to_thread(pack, entry, self._layout())
+        segment, address = await asyncio.to_thread(self.kv_transfer.expose, data)
+        exposure = Exposure(entry, data, segment, address)
+        replaced = self.exposed.put(rid, exposure)
+        if replaced is not None:  # the payload of an older pin of this rid
+            self.kv_transfer.withdraw(replaced.address)
+        try:
+            still = self.loop.pinned.get(rid) is entry
+        except PinNotFound:
+            still = False
+        if not still:  # released (or pinned anew) while it was packed: nothing may stay registered
+            self._withdraw(rid)
+            raise PinNotFound(f"the pinned KV cache of {rid!r} was released while it was exposed")
+        return exposure
+
+    def _withdraw(self, rid: str) -> None:
+        exposure = self.exposed.pop(rid)
+        if exposure is not None:
+            self.kv_transfer.withdraw(exposure.address)
+
     def release_kv(self, rid: str) -> None:
-        """Unpin ``rid``'s cache (the destination took over); raises ``PinNotFound``."""
-        self.loop.pinned.release(rid)
+        """Unpin ``rid``'s cache (the destination took over) and stop exposing its payload;
+        raises ``PinNotFound``."""
+        try:
+            self.loop.pinned.release(rid)
+        finally:
+            self._withdraw(rid)
 
     async def import_kv(self, data: bytes) -> tuple[str, KvEntry]:
         """Keep payload ``data`` as a prefix-cache entry, under the source's rid; raises
         ``PayloadIncompatible`` for a payload of another model or weight version, ``KvStoreFull``
         when it alone exceeds the import bound."""
+        return await self._keep(data, self._layout())
+
+    async def pull_kv(self, descriptor: engine_api.KvTransferDescriptor) -> tuple[str, KvEntry]:
+        """Read the payload ``descriptor`` points at from the source's Transfer Engine and keep
+        it as ``import_kv`` keeps an HTTP payload (the same checks, the same entry).
+
+        Raises ``TransferUnavailable`` (no Mooncake here, or another protocol than the
+        source's), ``PayloadIncompatible`` or ``KvStoreFull`` (before reading when the
+        descriptor already says so), ``TransferFailed`` (the read failed: the source still
+        holds its pin, so the caller can move it over HTTP).
+        """
+        usable, why = self.kv_transfer.status()
+        if not usable:
+            raise TransferUnavailable(why)
+        if descriptor.protocol != self.kv_transfer.protocol:
+            raise TransferUnavailable(
+                f"the source exposes its payload over {descriptor.protocol!r}, this engine reads "
+                f"over {self.kv_transfer.protocol!r}"
+            )
         layout = self._layout()
+        check_descriptor(
+            descriptor,
+            layout,
+            weight_version=self.weight_version,
+            context_length=self.context_length,
+            max_bytes=self.loop.prefixes.limits.max_bytes,
+        )
+        data = await asyncio.to_thread(
+            self.kv_transfer.read, descriptor.segment, descriptor.address, descriptor.nbytes
+        )
+        return await self._keep(data, layout, expected=descriptor)
+
+    async def _keep(
+        self,
+        data: bytes,
+        layout: CacheLayout,
+        *,
+        expected: engine_api.KvTransferDescriptor | None = None,
+    ) -> tuple[str, KvEntry]:
         entry = await asyncio.to_thread(
             unpack,
             data,
@@ -192,6 +292,12 @@ class ReferenceEngine:
             vocab_size=self.loaded.vocab_size,
             context_length=self.context_length,
         )
+        if expected is not None and (entry.rid, entry.num_tokens) != (expected.rid, expected.num_tokens):
+            # The address held another payload than the descriptor names: keep nothing.
+            raise PayloadIncompatible(
+                f"the bytes read are the payload of {entry.rid!r} ({entry.num_tokens} tokens), "
+                f"not of {expected.rid!r} ({expected.num_tokens} tokens)"
+            )
         self.loop.prefixes.put(entry.rid, entry)
         return entry.rid, entry
 

@@ -3,7 +3,9 @@
 ``unpack`` checks everything against the destination before it reads a tensor: the header's
 model layout and weight version, then each declared tensor's dtype and shape, then the token
 ids (inside the vocabulary, shorter than the context). A payload from another model, or one
-cut short, is a ``PayloadIncompatible``; nothing of it is kept.
+cut short, is a ``PayloadIncompatible``; nothing of it is kept. ``check_descriptor`` is what a
+destination can check of a payload it is about to read over Mooncake, before it allocates the
+memory for it; ``unpack`` then checks the bytes themselves all the same.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ import torch
 
 from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.refengine.kvcache import CacheLayout, KvEntry
-from gyre_proxy.exceptions import PayloadIncompatible
+from gyre_proxy.exceptions import KvStoreFull, PayloadIncompatible
+
+# The most header a payload may carry on top of its tensors (the JSON header of a few hundred
+# layers is some tens of KB): bounds what a destination allocates for a descriptor's length.
+MAX_HEADER_BYTES = 1 << 20
 
 # safetensors' dtype codes for the cache dtypes a model can have.
 _CODES = {
@@ -95,6 +101,40 @@ def check_header(
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
         raise PayloadIncompatible(
             f"the payload's token ids are not all inside the vocabulary of {vocab_size}"
+        )
+
+
+def check_descriptor(
+    descriptor: engine_api.KvTransferDescriptor,
+    layout: CacheLayout,
+    *,
+    weight_version: str,
+    context_length: int,
+    max_bytes: int,
+) -> None:
+    """Refuse, before any byte is read, a payload that could not be kept: computed under other
+    weights or too long (``PayloadIncompatible``), larger than ``max_bytes`` once kept
+    (``KvStoreFull``, as ``PrefixCache.put`` would), or whose length does not fit its token
+    count (``PayloadIncompatible``)."""
+    if descriptor.weight_version != weight_version:
+        raise PayloadIncompatible(
+            f"the payload's KV was computed under weight version {descriptor.weight_version!r}, "
+            f"this engine serves {weight_version!r}"
+        )
+    n = descriptor.num_tokens
+    if not 0 < n < context_length:
+        raise PayloadIncompatible(
+            f"the payload covers {n} tokens; this engine takes 1 to {context_length - 1}"
+        )
+    tensors = n * (layout.bytes_per_token() + 4)  # keys and values of every layer, and the ids
+    if tensors > max_bytes:
+        raise KvStoreFull(
+            f"the payload ({tensors} bytes of tensors) exceeds the import bound of {max_bytes} bytes"
+        )
+    if not tensors + 8 < descriptor.nbytes <= tensors + 8 + MAX_HEADER_BYTES:
+        raise PayloadIncompatible(
+            f"a payload of {n} tokens of this model is {tensors + 8} bytes and a header of at most "
+            f"{MAX_HEADER_BYTES}, not {descriptor.nbytes}"
         )
 
 

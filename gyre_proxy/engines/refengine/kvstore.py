@@ -5,8 +5,10 @@
 never evicted, so past the bound a new pin is refused and the request keeps decoding.
 ``PrefixCache`` is the destination's side: imported caches, matched by token-id prefix against
 new requests; it is a cache, so past its bound the least recently used entries make room (and
-weight updates or ``/flush_cache`` empty it). Both are thread-safe: HTTP handlers and the
-decode thread share them.
+weight updates or ``/flush_cache`` empty it). ``ExposedPayloads`` is the source's side of a
+migration over Mooncake: the payloads of pinned caches, registered for destinations to read,
+each freed with its pin. All three are thread-safe: HTTP handlers and the decode thread share
+them.
 """
 
 from __future__ import annotations
@@ -150,3 +152,47 @@ class PrefixCache:
             self._entries.clear()
             self._bytes = 0
         return count
+
+
+@dataclass(frozen=True, eq=False)
+class Exposure:
+    """The payload of a pinned ``entry``, registered at ``address`` in this engine's ``segment``."""
+
+    entry: KvEntry
+    data: bytes  # what /gyre/kv/export would answer; kept alive while registered
+    segment: str
+    address: int
+
+
+class ExposedPayloads:
+    """Exposures by rid; bounded by the pins they belong to (one each, released with them)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Exposure] = {}
+        self._lock = threading.Lock()
+
+    def totals(self) -> tuple[int, int]:
+        """How many payloads are exposed, and their bytes."""
+        with self._lock:
+            return len(self._entries), sum(len(e.data) for e in self._entries.values())
+
+    def get(self, rid: str) -> Exposure | None:
+        with self._lock:
+            return self._entries.get(rid)
+
+    def put(self, rid: str, exposure: Exposure) -> Exposure | None:
+        """Keep ``exposure`` under ``rid``; returns the one it replaced (to withdraw), if any."""
+        with self._lock:
+            old = self._entries.get(rid)
+            self._entries[rid] = exposure
+        return old
+
+    def pop(self, rid: str) -> Exposure | None:
+        with self._lock:
+            return self._entries.pop(rid, None)
+
+    def pop_all(self) -> list[Exposure]:
+        with self._lock:
+            found = list(self._entries.values())
+            self._entries.clear()
+        return found

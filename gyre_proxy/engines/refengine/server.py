@@ -5,8 +5,9 @@
 cumulative unless the engine runs with ``incremental_streaming_output``, ended by
 ``data: [DONE]``; a request rejected before it starts gets ``{"error": {"message": ...}}``
 (status 400, or inside the stream for ``stream: true``). Closing a stream aborts its request.
-``/gyre/kv/...`` migrates a request's KV cache: the payload is binary (``wire.py``), and a
-refusal carries a ``code`` beside its message.
+``/gyre/kv/...`` migrates a request's KV cache: the payload is binary (``wire.py``), or, over
+Mooncake, a JSON descriptor of where it lies in the source's memory; a refusal carries a
+``code`` beside its message.
 """
 
 from __future__ import annotations
@@ -274,6 +275,8 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         pins, imports = engine.loop.pinned, engine.loop.prefixes
         pinned, pinned_bytes = pins.totals()
         imported, imported_bytes = imports.totals()
+        exposed, exposed_bytes = engine.exposed.totals()
+        mooncake, mooncake_detail = engine.kv_transfer.status()
         return _json(
             engine_api.KvStatus(
                 pinned_entries=pinned,
@@ -284,6 +287,10 @@ def build_app(engine: ReferenceEngine) -> Starlette:
                 imported_bytes=imported_bytes,
                 max_imported_entries=imports.limits.max_entries,
                 max_imported_bytes=imports.limits.max_bytes,
+                exposed_entries=exposed,
+                exposed_bytes=exposed_bytes,
+                mooncake=mooncake,
+                mooncake_detail=mooncake_detail,
             )
         )
 
@@ -306,6 +313,27 @@ def build_app(engine: ReferenceEngine) -> Starlette:
 
     async def kv_import(request: Request) -> Response:
         key, entry = await engine.import_kv(await request.body())
+        return _json(engine_api.KvImported(key=key, num_tokens=entry.num_tokens, nbytes=entry.nbytes))
+
+    async def kv_expose(request: Request) -> Response:
+        body = await _body(request, engine_api.KvRidRequest)
+        exposure = await engine.expose_kv(body.rid)
+        entry = exposure.entry
+        return _json(
+            engine_api.KvTransferDescriptor(
+                rid=entry.rid,
+                num_tokens=entry.num_tokens,
+                weight_version=entry.weight_version,
+                nbytes=len(exposure.data),
+                segment=exposure.segment,
+                address=exposure.address,
+                protocol=engine.kv_transfer.protocol,
+            )
+        )
+
+    async def kv_pull(request: Request) -> Response:
+        body = await _body(request, engine_api.KvTransferDescriptor)
+        key, entry = await engine.pull_kv(body)
         return _json(engine_api.KvImported(key=key, num_tokens=entry.num_tokens, nbytes=entry.nbytes))
 
     async def kv_release(request: Request) -> Response:
@@ -343,6 +371,8 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         Route("/gyre/kv/pin_abort", rejected(kv_pin_abort), methods=["POST"]),
         Route("/gyre/kv/export", rejected(kv_export), methods=["POST"]),
         Route("/gyre/kv/import", rejected(kv_import), methods=["POST"]),
+        Route("/gyre/kv/expose", rejected(kv_expose), methods=["POST"]),
+        Route("/gyre/kv/pull", rejected(kv_pull), methods=["POST"]),
         Route("/gyre/kv/release", rejected(kv_release), methods=["POST"]),
         Route("/gyre/kv/status", kv_status_route, methods=["GET"]),
     ]
