@@ -27,3 +27,18 @@ def unavailable(name: str, reason: str) -> NoReturn:
     pytest.fail(
         f"{key} UNAVAILABLE (GYRE_TEST_SKIP_{key}=1 skips these tests instead): {reason}", pytrace=False
     )
+
+
+def mooncake_missing() -> str | None:
+    """Why Mooncake Transfer Engine cannot be imported here, or None when it can (the tests
+    that need it call ``unavailable("mooncake", ...)`` with the reason)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("mooncake") is None:
+        return "MOONCAKE NOT INSTALLED: pip install '.[mooncake]' (and apt-get install libibverbs1)"
+    try:
+        importlib.import_module("mooncake.engine")
+    except (ImportError, OSError) as exc:  # the wheel needs libibverbs1 from the OS
+        return f"MOONCAKE DOES NOT IMPORT ({exc}): apt-get install libibverbs1 to test it"
+    return None

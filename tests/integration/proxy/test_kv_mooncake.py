@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
-import importlib.util
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -44,7 +42,7 @@ from gyre_proxy.engines.refengine import (
 from gyre_proxy.engines.refengine import ReferenceEngineServer as Server
 from gyre_proxy.engines.refengine.decode_loop import PIN_ABORT_MESSAGE
 from gyre_proxy.engines.refengine.kvstore import KvLimits
-from tests.real_servers import unavailable
+from tests.real_servers import mooncake_missing, unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -53,17 +51,6 @@ PROMPT = [int(x) for x in np.random.default_rng(11).integers(3, 250, size=120)]
 LONG = SamplingConfig(max_new_tokens=800, temperature=0.0, ignore_eos=True)
 GREEDY = SamplingConfig(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 OFF = MooncakeConfig(enabled=False)
-
-
-def _mooncake_missing() -> str | None:
-    """Why Mooncake Transfer Engine cannot be imported here, or None when it can."""
-    if importlib.util.find_spec("mooncake") is None:
-        return "MOONCAKE NOT INSTALLED: pip install '.[mooncake]' (and apt-get install libibverbs1)"
-    try:
-        importlib.import_module("mooncake.engine")
-    except (ImportError, OSError) as exc:  # the wheel needs libibverbs1 from the OS
-        return f"MOONCAKE DOES NOT IMPORT ({exc}): apt-get install libibverbs1 to test it"
-    return None
 
 
 @dataclass(frozen=True)
@@ -167,7 +154,7 @@ async def continues_like_a_full_prefill(destination: Server, reference: Server, 
 async def test_a_pinned_request_moves_over_mooncake_and_continues_like_a_full_prefill(
     engines: Engines, clients: Clients
 ) -> None:
-    if (missing := _mooncake_missing()) is not None:
+    if (missing := mooncake_missing()) is not None:
         unavailable("mooncake", missing)
     covered = await stream_and_pin(clients.a, "mc-1")
     status = await clients.a.kv_status()
@@ -197,7 +184,7 @@ async def test_a_pinned_request_moves_over_mooncake_and_continues_like_a_full_pr
 
 
 async def test_the_source_exposes_the_payload_until_the_release_after_the_import(clients: Clients) -> None:
-    if (missing := _mooncake_missing()) is not None:
+    if (missing := mooncake_missing()) is not None:
         unavailable("mooncake", missing)
     covered = await stream_and_pin(clients.a, "mc-2")
     exposed = await clients.a.expose_kv("mc-2")
@@ -225,7 +212,7 @@ async def test_the_source_exposes_the_payload_until_the_release_after_the_import
 async def test_a_destination_without_mooncake_refuses_and_the_http_path_moves_the_cache(
     engines: Engines, clients: Clients
 ) -> None:
-    if (missing := _mooncake_missing()) is not None:
+    if (missing := mooncake_missing()) is not None:
         unavailable("mooncake", missing)
     status = await clients.n.kv_status()
     assert not status.mooncake and "off in this engine's config" in status.mooncake_detail
@@ -261,7 +248,7 @@ async def test_a_source_without_mooncake_refuses_and_the_http_path_moves_the_cac
 async def test_a_pull_is_checked_like_an_http_import(engines: Engines, clients: Clients) -> None:
     """The destination refuses what the descriptor already rules out before it reads a byte,
     and checks the bytes it read exactly as it checks an HTTP payload."""
-    if (missing := _mooncake_missing()) is not None:
+    if (missing := mooncake_missing()) is not None:
         unavailable("mooncake", missing)
     await stream_and_pin(clients.a, "mc-5")
     await stream_and_pin(clients.d, "mc-5d")

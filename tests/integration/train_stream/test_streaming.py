@@ -5,7 +5,6 @@ changing across bursts, and a satellite killed with SIGKILL mid-batch."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import tempfile
 import time
 from collections import Counter
@@ -40,7 +39,7 @@ from gyre_train.cells import (
 )
 from tests.integration.train_stream.conftest import wait_for_members
 from tests.integration.train_stream.magnitudes import check_updates
-from tests.real_servers import unavailable
+from tests.real_servers import mooncake_missing, unavailable
 
 SPEC = ModelSpec(TINY_QWEN3, seed=3)
 # Plain SGD moves every weight by lr * g, so the parameters after several updates see each
@@ -72,17 +71,6 @@ def _contributions_exactly_once(events: list[object], batches: dict[int, int]) -
     return by_cell
 
 
-def _mooncake_missing() -> str | None:
-    """Why Mooncake Transfer Engine cannot be imported here, or None when it can."""
-    if importlib.util.find_spec("mooncake") is None:
-        return "MOONCAKE NOT INSTALLED: pip install '.[mooncake]' (and apt-get install libibverbs1)"
-    try:
-        importlib.import_module("mooncake.engine")
-    except (ImportError, OSError) as exc:  # the wheel needs libibverbs1 from the OS
-        return f"MOONCAKE DOES NOT IMPORT ({exc}): apt-get install libibverbs1 to test it"
-    return None
-
-
 @pytest.mark.parametrize(
     ("transport", "optimizer"), [("torch", "sgd"), ("torch", "adamw"), ("mooncake", "sgd")]
 )
@@ -90,7 +78,7 @@ def test_streaming_with_joining_satellites_equals_one_process(
     transport: str, optimizer: str, redis_client: redis.Redis, prefix: str, redis_url: str, pg_log: PostgresEventLog,
     database_url: str,
 ) -> None:  # fmt: skip
-    if transport == "mooncake" and (missing := _mooncake_missing()) is not None:
+    if transport == "mooncake" and (missing := mooncake_missing()) is not None:
         unavailable("mooncake", missing)
     rng = np.random.default_rng(7)
     batches = [synthetic_batch(11, b, DATA) for b in range(3)]
