@@ -159,7 +159,8 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
             consumed[r.event.step].append(r.event)
     updates = {r.event.batch: r.event for r in mine if isinstance(r.event, TrainingUpdate)}
     closed = {r.event.step: r.recorded_at for r in mine if isinstance(r.event, BatchClosed)}
-    cells = next((r.event.cells for r in mine if isinstance(r.event, RunStarted)), 0)
+    start = next((r.event for r in mine if isinstance(r.event, RunStarted)), None)
+    cells, fixed = (start.cells, start.fixed_training_cells) if start is not None else (0, 0)
     steps: list[StepFigures] = []
     for step in sorted(closed):
         groups = consumed.get(step, [])
@@ -179,7 +180,7 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
                 loss=update.loss if update else None,
                 grad_norm=update.grad_norm if update else None,
                 wall_s=(closed[step] - previous).total_seconds() if previous is not None else None,
-                roles=_roles_at(mine, cells, previous),
+                roles=_roles_at(mine, cells, fixed, previous),
             )
         )
     stale = [
@@ -224,17 +225,16 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
         transitions=transitions,
         wall_s=(last - started).total_seconds() if last is not None and started is not None else None,
         transition_times=_transition_times(mine),
-        role_timeline=_role_timeline(mine, cells, started, last),
+        role_timeline=_role_timeline(mine, cells, fixed, started, last),
     )
 
 
 def _role_timeline(
-    events: list[RecordedEvent], cells: int, started: datetime | None, end: datetime | None
+    events: list[RecordedEvent], cells: int, fixed: int, started: datetime | None, end: datetime | None
 ) -> list[RoleSpan]:
     """Each cell's roles over the run, from its start to its last update (rollout until a change)."""
     if started is None or end is None:
         return []
-    fixed = next((r.event.fixed_training_cells for r in events if isinstance(r.event, RunStarted)), 0)
     current = {c: ((CellRole.TRAINING if c < fixed else CellRole.ROLLOUT).value, 0.0) for c in range(cells)}
     spans: list[RoleSpan] = []
     for r in events:
@@ -250,10 +250,9 @@ def _role_timeline(
     return spans
 
 
-def _roles_at(events: list[RecordedEvent], cells: int, at: datetime | None) -> dict[str, int]:
+def _roles_at(events: list[RecordedEvent], cells: int, fixed: int, at: datetime | None) -> dict[str, int]:
     """How many of the run's cells held each role at ``at`` (a cell with no change yet holds
-    the role it started in: training for a fixed partition's cells, else rollout)."""
-    fixed = next((r.event.fixed_training_cells for r in events if isinstance(r.event, RunStarted)), 0)
+    the role it started in: training for a fixed partition's ``fixed`` cells, else rollout)."""
     role = {c: CellRole.TRAINING if c < fixed else CellRole.ROLLOUT for c in range(cells)}
     for r in events:
         if at is not None and r.recorded_at > at:

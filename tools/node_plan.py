@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 from gyre_proxy.engines import free_port
-from gyre_sched import PolicyKind
 from gyre_store import EventLog, cell_engine_name
 from gyre_tools.run_config import RunConfig
 from gyre_tools.serve import group_source, packing
@@ -46,23 +45,26 @@ def node_plan(
     publish_dir = run_dir / "policies"
     initial = Path(config.model.init)
     count = config.rollout_engines if engines == "all" else 0 if engines == "none" else int(engines)
-    engine_configs = tuple(
-        RolloutEngineConfig(
+
+    def engine(name: str, cell_index: int, seed: int) -> RolloutEngineConfig:
+        return RolloutEngineConfig(
             run_id=run_id,
-            engine=f"{run_id}:pool-{engine_offset + i}",
-            cell_index=-1,
+            engine=name,
+            cell_index=cell_index,
             capacity=config.engine_capacity,
             database_url=database_url,
             initial_model=initial,
             publish_dir=publish_dir,
             max_context=config.model.max_context,
-            seed=config.seed + engine_offset + i,
+            seed=seed,
         )
+
+    engine_configs = tuple(
+        engine(f"{run_id}:pool-{engine_offset + i}", -1, config.seed + engine_offset + i)
         for i in range(count)
     )
     trainer_plan = None
     if trainers == "all":
-        moves = config.sched().policy is not PolicyKind.ASYNC
         training = LiveTraining(
             steps=config.steps,
             mu=config.mu,
@@ -100,20 +102,10 @@ def node_plan(
                 for cell in range(config.cells)
             )
             elastic, cell_engines = None, ()
-            if moves:
+            if config.cells_move:
                 elastic = ElasticConfig(steps=config.steps, mu=config.mu)
                 cell_engines = tuple(
-                    RolloutEngineConfig(
-                        run_id=run_id,
-                        engine=cell_engine_name(run_id, cell),
-                        cell_index=cell,
-                        capacity=config.engine_capacity,
-                        database_url=database_url,
-                        initial_model=initial,
-                        publish_dir=publish_dir,
-                        max_context=config.model.max_context,
-                        seed=config.seed + 1000 + cell,
-                    )
+                    engine(cell_engine_name(run_id, cell), cell, config.seed + 1000 + cell)
                     for cell in range(config.cells)
                 )
             trainer_plan = TrainerPlan(

@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gyre_proxy.engines import free_port
-from gyre_sched import PolicyKind, register_sched_events
+from gyre_sched import register_sched_events
 from gyre_store import (
     EngineRegistered,
     EventLog,
@@ -107,10 +107,10 @@ def run_command(args: argparse.Namespace) -> int:
         }
         with run.phase("prepare"):  # the run and its starting policy (a warm start once)
             run.prepare()
-        if getattr(args, "policy", None) and run.config.policy != args.policy:
+        if policy and run.config.policy != policy:
             console.print(
                 f"[red]run {run.run_id} was recorded with policy {run.config.policy!r}, not "
-                f"{args.policy!r}: a continued run keeps its recorded configuration[/red]"
+                f"{policy!r}: a continued run keeps its recorded configuration[/red]"
             )
             return 2
         try:
@@ -295,7 +295,7 @@ class LiveRun:
         """Until every engine of this life registered: the pool's, and the cells' when they move
         between roles (elastic and colocate cells start in rollout)."""
         c = self.config
-        expected = c.rollout_engines + (c.cells if c.sched().policy is not PolicyKind.ASYNC else 0)
+        expected = c.rollout_engines + (c.cells if c.cells_move else 0)
         deadline = time.monotonic() + timeout_s
         while len(self._engines(after)) < expected:
             self._check_children()
@@ -344,7 +344,7 @@ class LiveRun:
                 cells=c.cells, cell_capacity=c.engine_capacity,
                 separate_capacity=c.rollout_engines * c.engine_capacity, phi=c.phi, mu=c.mu,
                 max_trajectories=c.train.jmax,
-                fixed_training_cells=c.cells if c.sched().policy is PolicyKind.ASYNC else 0,
+                fixed_training_cells=0 if c.cells_move else c.cells,
             )  # fmt: skip
             self.log.append(
                 [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]

@@ -69,6 +69,12 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     tasks: TaskConfig = msgspec.field(default_factory=TaskConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
+    @property
+    def cells_move(self) -> bool:
+        """Whether the policy moves cells between rollout and training (elastic, colocate): the
+        cells are then elastic cells, each with a rollout engine of its own."""
+        return self.sched().policy is not PolicyKind.ASYNC
+
     def sched(self) -> SchedConfig:
         """The decision core's config: the K trainer cells, the pool's capacity, the batch shape."""
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gyre_proxy.launch import Launcher, LauncherConfig
-from gyre_sched import Controller, LiveSink, PolicyKind, TaskDeck
+from gyre_sched import Controller, LiveSink, TaskDeck
 from gyre_store import (
     EventLog,
     FaultPoint,
@@ -201,8 +201,7 @@ def run_node(args: argparse.Namespace) -> int:
         # Engines and trainer cells are supervised apart: a trainer world that must start again
         # (its core died) never takes the engines, and their executions, down with it.
         with NodeAgent(plan(args.engines, "none")) as engines:
-            moves = config.sched().policy is not PolicyKind.ASYNC
-            trainers = Trainers(lambda: NodeAgent(plan("none", args.trainers)), any_cell=moves)
+            trainers = Trainers(lambda: NodeAgent(plan("none", args.trainers)), any_cell=config.cells_move)
             try:
                 console.print(
                     f"node of run {args.run} (pid {os.getpid()}): {engines.pids() | trainers.pids()}"

@@ -79,13 +79,6 @@ class RolloutEngine:
         self.log = log
         self.server: ReferenceEngineServer | None = None
 
-    @property
-    def version(self) -> int:
-        """The policy version it serves (0: the run's starting policy); raises when stopped."""
-        if self.server is None:
-            raise RuntimeError(f"{self.config.engine} is not serving")
-        return int(self.server.engine.weight_version)
-
     def start(self) -> None:
         config = self.config
         version, folder = newest_policy(self.log, config.run_id, config.publish_dir)
