@@ -49,16 +49,20 @@ TRAINING_SPEEDUPS: tuple[tuple[str, str], ...] = (("nl2repo-2.4t", "colocate"),)
 
 WORKLOAD_122B, WORKLOAD_2_4T = "nl2repo-122b", "nl2repo-2.4t"
 PROFILE_QUERIES = 8000  # queries of 16 executions drawn once (seed 0) for every profile candidate
-# The boxes searched. 122B: all five shape parameters against five figures. 2.4T keeps
-# the 122B shape (sigmas and stall rate) and fits the median and the overall threshold.
+# The boxes searched. 122B: six shape parameters against five figures (not identified:
+# the search ends where it ends, see docs/scheduler.md); the stall rate is held at the
+# base's 0. 2.4T keeps the 122B shape (sigmas, hard queries, stall rate) and fits the
+# median and the overall threshold.
 FREE_122B: dict[str, tuple[float, float]] = {
     "median_h": (1.2, 2.2),
-    "sigma_query": (0.2, 1.0),
+    "sigma_query": (0.0, 1.0),
     "sigma_exec": (0.1, 0.7),
-    "stall_rate": (0.0, 0.008),
-    "overall_latent_h": (4.5, 10.0),
+    "hard_share": (0.0, 0.2),
+    "hard_factor": (1.0, 6.0),
+    "overall_latent_h": (4.5, 12.0),
 }
-FREE_2_4T: dict[str, tuple[float, float]] = {"median_h": (1.0, 3.0), "overall_latent_h": (4.45, 10.0)}
+SHAPE: tuple[str, ...] = ("sigma_query", "sigma_exec", "stall_rate", "hard_share", "hard_factor")
+FREE_2_4T: dict[str, tuple[float, float]] = {"median_h": (1.0, 3.0), "overall_latent_h": (4.45, 20.0)}
 # Training cost scans (node-hours per group): a grid, then steps around its best point.
 COST_GRID_122B = tuple(round(0.20 + 0.05 * i, 2) for i in range(21))  # 0.20 .. 1.20
 COST_STEP_122B = 0.01
@@ -67,7 +71,7 @@ COST_STEP_2_4T = 0.1
 REFINE = 4  # steps either side of the grid's best point
 
 
-Draws = tuple[FloatArray, FloatArray, FloatArray]  # eta [Q, 1], eps [Q, N], u [Q, N]
+Draws = tuple[FloatArray, FloatArray, FloatArray, FloatArray]  # eta [Q, 1], eps [Q, N], u [Q, N], v [Q, 1]
 
 
 def profile_draws(queries: int = PROFILE_QUERIES, size: int = 16, seed: int = 0) -> Draws:
@@ -77,6 +81,7 @@ def profile_draws(queries: int = PROFILE_QUERIES, size: int = 16, seed: int = 0)
         rng.standard_normal((queries, 1)),
         rng.standard_normal((queries, size)),
         rng.random((queries, size)),
+        rng.random((queries, 1)),
     )
 
 
@@ -90,7 +95,7 @@ def profile(model: CeilingLogNormal, draws: Draws) -> WorkloadStats:
     return WorkloadStats(
         mean_execution_h=float(hours.mean()),
         mean_query_h=float(longest.mean()),
-        queries_over_4h=float((longest > 4.0).mean()),
+        queries_over_4h=float((longest >= 4.0).mean()),  # as workload_stats counts it
         harness_timeout_rate=harness / n,
         overall_timeout_rate=overall / n,
         overall_share_at_ceiling=overall / ceiling if ceiling else math.nan,
@@ -123,7 +128,7 @@ def _profile_loss(model: CeilingLogNormal, targets: Mapping[str, float], draws: 
 
 def _rounded(model: CeilingLogNormal, free: Sequence[str]) -> CeilingLogNormal:
     # presets carry these figures, so the later stages run on exactly what presets hold
-    digits = {"stall_rate": 4}
+    digits = {"stall_rate": 4, "hard_share": 4}
     return msgspec.structs.replace(model, **{k: round(getattr(model, k), digits.get(k, 3)) for k in free})
 
 
@@ -310,7 +315,7 @@ def calibrate(seeds: Sequence[int], progress: Progress | None = None) -> Calibra
     fit_122b = fit_profile(WORKLOAD_122B, WORKLOADS[WORKLOAD_122B], FREE_122B, PAPER_PROFILE_122B, draws)
     if progress is not None:
         progress("profile nl2repo-122b")
-    shape = {k: getattr(fit_122b.model, k) for k in ("sigma_query", "sigma_exec", "stall_rate")}
+    shape = {k: getattr(fit_122b.model, k) for k in SHAPE}
     base_2_4t = msgspec.structs.replace(WORKLOADS[WORKLOAD_2_4T], **shape)
     fit_2_4t = fit_profile(WORKLOAD_2_4T, base_2_4t, FREE_2_4T, PAPER_PROFILE_2_4T, draws)
     if progress is not None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gyre_sched import Outcome, workload_stats
+from gyre_sched.exceptions import WorkloadError
 from gyre_sched.sim import (
     ABLATION,
     HELD_OUT_ROWS,
@@ -47,14 +48,37 @@ def test_stalls_end_at_the_budget_whatever_the_difficulty() -> None:
     ]
     assert 150 < len(stalled) < 250
     assert set(stalled) == {model.overall_budget_h * 3600}
-    # without stalls no uniform is drawn, so the stream (and every result) is what it was
-    never = msgspec.structs.replace(model, stall_rate=0.0)
+    # without stalls or hard queries no uniform is drawn, so the stream (and every result)
+    # is what it was before either existed
+    never = msgspec.structs.replace(model, stall_rate=0.0, hard_share=0.0)
     rng, manual = np.random.default_rng(0), np.random.default_rng(0)
     never.sample_group(rng, 16)
     manual.standard_normal(), manual.standard_normal(16)
     eta, eps = manual.standard_normal(), manual.standard_normal(16)
-    hours, _ = never.end(np.full(16, eta), eps, np.ones(16))
+    hours, _ = never.end(np.full(16, eta), eps, np.ones(16), np.ones(16))
     assert never.sample_group(rng, 16).durations_s == tuple((hours * 3600).tolist())
+
+
+def test_a_hard_query_scales_every_execution_of_its_group() -> None:
+    model = msgspec.structs.replace(
+        WORKLOADS["nl2repo-122b"], median_h=0.5, sigma_query=0.0, hard_share=0.25, hard_factor=3.0
+    )
+    eta, eps, u = np.zeros(16), np.random.default_rng(1).normal(0.0, 0.3, 16), np.ones(16)
+    easy, _ = model.end(eta, eps, u, np.ones(16))
+    hard, _ = model.end(eta, eps, u, np.zeros(16))
+    assert hard == pytest.approx(3.0 * easy)  # all below the ceiling: the same draws, three times
+    # the draw is per query: a group is all hard or all easy, about a quarter of them hard
+    groups = [model.sample_group(np.random.default_rng(seed), 16).durations_s for seed in range(400)]
+    # an easy group's shortest execution is about 0.30 h, a hard one's about 0.89 h
+    hard_groups = sum(min(g) / 3600 > 0.45 for g in groups)
+    assert 70 < hard_groups < 130
+
+
+def test_a_bad_hard_share_is_refused() -> None:
+    with pytest.raises(WorkloadError, match="hard_share"):
+        msgspec.structs.replace(WORKLOADS["nl2repo-122b"], hard_share=1.0).validate()
+    with pytest.raises(WorkloadError, match="hard_factor"):
+        msgspec.structs.replace(WORKLOADS["nl2repo-122b"], hard_factor=0.5).validate()
 
 
 def test_fit_profile_recovers_a_model_from_its_own_figures() -> None:
