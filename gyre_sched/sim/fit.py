@@ -37,7 +37,13 @@ from gyre_sched.sim.tables import (
     residual,
     speedup_table,
 )
-from gyre_sched.sim.workload import CeilingLogNormal, FloatArray, WorkloadModel, WorkloadStats
+from gyre_sched.sim.workload import (
+    QUERY_OVER_H,
+    CeilingLogNormal,
+    FloatArray,
+    WorkloadModel,
+    WorkloadStats,
+)
 
 # Ablation rows (ratio to E0) that the 122B training cost is fitted on.
 TRAINING_ROWS: tuple[str, ...] = ("C0", "C1", "C2", "C3")
@@ -95,7 +101,7 @@ def profile(model: CeilingLogNormal, draws: Draws) -> WorkloadStats:
     return WorkloadStats(
         mean_execution_h=float(hours.mean()),
         mean_query_h=float(longest.mean()),
-        queries_over_4h=float((longest >= 4.0).mean()),  # as workload_stats counts it
+        queries_over_4h=float((longest >= QUERY_OVER_H).mean()),
         harness_timeout_rate=harness / n,
         overall_timeout_rate=overall / n,
         overall_share_at_ceiling=overall / ceiling if ceiling else math.nan,
