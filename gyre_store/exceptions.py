@@ -9,7 +9,8 @@
     ├── StreamVersionConflict
     ├── StoreUnavailable
     └── ProjectionError
-        └── UnknownProjection
+        ├── UnknownProjection
+        └── NoTrajectoryTree
 
 Driver errors (psycopg) never leave the package: the adapter translates them into
 these with ``raise ... from exc`` so callers handle one tree.
@@ -63,3 +64,7 @@ class ProjectionError(GyreStoreError):
 
 class UnknownProjection(ProjectionError):
     """No projection of that name is registered."""
+
+
+class NoTrajectoryTree(ProjectionError):
+    """The execution has no trajectory tree: it recorded no model call."""

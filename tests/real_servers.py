@@ -1,32 +1,54 @@
-"""What a test does when a real server it needs (SGLang, Mooncake) is not there: it fails.
+"""What a test does when a real server or harness it needs (SGLang, Mooncake, Claude Code,
+Codex) is not there: it fails.
 
-`tools/run-tests.sh` installs and starts these servers; when that fails it passes the reason
-in ``GYRE_TEST_<NAME>_ERROR``, and the tests fail with it rather than skip, so a broken set-up
-cannot pass CI unnoticed. ``GYRE_TEST_SKIP_<NAME>=1`` is the explicit opt-out: then they skip
-and say so. Both are ``GYRE_TEST_*`` variables, which the root conftest keeps.
+`tools/run-tests.sh` installs and starts these; when that fails it passes the reason in
+``GYRE_TEST_<NAME>_ERROR``, and the tests fail with it rather than skip, so a broken set-up
+cannot pass CI unnoticed. ``GYRE_TEST_SKIP_<NAME>=1`` is the explicit opt-out (for the two
+harnesses ``GYRE_TEST_SKIP_HARNESSES=1`` as well): then they skip and say so. All are
+``GYRE_TEST_*`` variables, which the root conftest keeps.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
 
-def unavailable(name: str, reason: str) -> NoReturn:
-    """Fail (or skip, under ``GYRE_TEST_SKIP_<NAME>=1``) because NAME is not usable: REASON."""
+def unavailable(name: str, reason: str, group: str | None = None) -> NoReturn:
+    """Fail (or skip, under ``GYRE_TEST_SKIP_<NAME>=1`` or ``GYRE_TEST_SKIP_<GROUP>=1``) because
+    NAME is not usable: REASON."""
     key = name.upper()
     setup_error = os.environ.get(f"GYRE_TEST_{key}_ERROR")
     if setup_error:
         reason = f"tools/run-tests.sh could not set it up: {setup_error}"
     else:
         reason = f"{reason}; `bash tools/run-tests.sh` sets it up"
-    if os.environ.get(f"GYRE_TEST_SKIP_{key}") == "1":
-        pytest.skip(f"{key} SKIPPED ON REQUEST (GYRE_TEST_SKIP_{key}=1): {reason}")
+    opt_outs = [f"GYRE_TEST_SKIP_{key}"] + ([f"GYRE_TEST_SKIP_{group.upper()}"] if group else [])
+    for opt_out in opt_outs:
+        if os.environ.get(opt_out) == "1":
+            pytest.skip(f"{key} SKIPPED ON REQUEST ({opt_out}=1): {reason}")
     pytest.fail(
-        f"{key} UNAVAILABLE (GYRE_TEST_SKIP_{key}=1 skips these tests instead): {reason}", pytrace=False
+        f"{key} UNAVAILABLE ({' or '.join(f'{o}=1' for o in opt_outs)} skips these tests instead): {reason}",
+        pytrace=False,
     )
+
+
+def harness_binary(name: str, installer: Path) -> str:
+    """The path of harness NAME's executable, which INSTALLER (one of ``tools/install_*.sh``)
+    installs and prints last; when it cannot, the test fails with its stderr (``unavailable``,
+    group ``harnesses``)."""
+    done = subprocess.run(["bash", str(installer)], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        unavailable(
+            name,
+            f"{installer.name} exited {done.returncode} (npm unreachable?): {done.stderr.strip()[-300:]}",
+            group="harnesses",
+        )
+    return done.stdout.strip().splitlines()[-1]
 
 
 def mooncake_missing() -> str | None:

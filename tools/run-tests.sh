@@ -6,8 +6,9 @@
 # background (its environment built once per machine, see tools/sglang_setup.sh), lints and
 # type-checks meanwhile, tests, stops the server, and prints how long each phase took.
 #
-# A real server that cannot be set up makes its tests fail with the reason. To skip them
-# instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1. A server of your
+# A real server or harness that cannot be set up makes its tests fail with the reason. To skip
+# them instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1,
+# GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1, GYRE_TEST_SKIP_CODEX=1). A server of your
 # own is used as it is when GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR are set.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -104,11 +105,19 @@ elif ! "$py" -c 'import mooncake.engine' 2>/dev/null; then
 fi
 took mooncake
 
-# The harnesses of the end-to-end tests, pinned; without npm their tests skip, loudly.
+# The harnesses of the end-to-end tests, pinned. One that cannot be installed makes its test
+# fail with the reason, unless GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1,
+# GYRE_TEST_SKIP_CODEX=1) skips it.
 phase harnesses
-for installer in install_claude_code.sh install_codex.sh; do
-    if ! bash "tools/$installer" >/dev/null; then
-        echo "!! tools/$installer failed (npm unreachable?): its harness test will be skipped" >&2
+for harness in claude_code codex; do
+    key="$(echo "$harness" | tr '[:lower:]' '[:upper:]')"
+    skip_var="GYRE_TEST_SKIP_$key"
+    if [ "${GYRE_TEST_SKIP_HARNESSES:-}" = 1 ] || [ "${!skip_var:-}" = 1 ]; then
+        echo "!! ${key} TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_HARNESSES=1 or $skip_var=1)" >&2
+    elif ! why="$(bash "tools/install_$harness.sh" 2>&1 >/dev/null)"; then
+        why="$(printf '%s' "$why" | tail -c 300)"
+        export "GYRE_TEST_${key}_ERROR=tools/install_$harness.sh failed (npm unreachable?): $why"
+        echo "!! tools/install_$harness.sh failed: its harness test will fail ($skip_var=1 or GYRE_TEST_SKIP_HARNESSES=1 skips it): $why" >&2
     fi
 done
 took harnesses
@@ -156,7 +165,7 @@ fi
 
 phase pytest
 set +e
-.venv/bin/pytest "$@"
+.venv/bin/pytest --durations=25 "$@"
 status=$?
 set -e
 took pytest

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_store.catalog import LeafClass
-from gyre_store.exceptions import GyreStoreError
+from gyre_store.exceptions import NoTrajectoryTree
 from gyre_store.projections import ProjectionStore, Row
 
 
@@ -127,7 +127,7 @@ class TreeView:
             for n in map(TreeNode.from_row, store.select("gyre_tree_nodes", "execution_id", execution_id))
         }
         if not nodes:
-            raise GyreStoreError(f"no trajectory tree for execution {execution_id!r}")
+            raise NoTrajectoryTree(f"no trajectory tree for execution {execution_id!r}")
         records = {
             r["request_id"]: TreeRecord(
                 request_id=r["request_id"],

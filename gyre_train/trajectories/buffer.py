@@ -9,6 +9,7 @@ rewards to the training step. It keeps no state of its own beyond the current st
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from gyre_store import (
     GroupStatus,
     GyreStoreError,
     NewEvent,
+    NoTrajectoryTree,
     OutcomeStatus,
     ProjectionStore,
     StreamId,
@@ -38,6 +40,8 @@ from gyre_train.trajectories.admission import AdmissionConfig, admission_rng, ad
 from gyre_train.trajectories.packing import GroupTicket, ReadyGroup
 from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows
 from gyre_train.trajectories.stored import stored_execution
+
+log = logging.getLogger(__name__)
 
 _STATUS = {
     OutcomeStatus.VALID: RewardStatus.VALID,
@@ -61,11 +65,17 @@ class GroupSourceConfig:
 def execution_rows(
     store: ProjectionStore, execution_id: str, config: GroupSourceConfig
 ) -> tuple[TokenRow, ...]:
-    """Admit and materialize one execution's trajectories; none when it recorded no model call."""
+    """Admit and materialize one execution's trajectories; none when it recorded no model call.
+
+    Only an absent tree gives no rows. Any other store error (an outage while the tree loads)
+    propagates, logged here: the group is then neither built nor consumed, and waits."""
     try:
         view = TreeView.load(store, execution_id)
-    except GyreStoreError:
+    except NoTrajectoryTree:
         return ()  # no trajectory tree: L_i = 0, it still counts in B*N
+    except GyreStoreError:
+        log.exception("cannot load the trajectory tree of execution %s; its group waits", execution_id)
+        raise
     stored = stored_execution(view)
     admission = admit(stored.tree, config.admission, admission_rng(config.seed, execution_id))
     return materialize_rows(execution_id, stored.tree, stored.tokens, admission)

@@ -21,17 +21,13 @@ import pytest
 from gyre_store.catalog import Provenance
 from tests.acceptance.conftest import gyre
 from tests.acceptance.processes import engine_and_proxy, settled_records, tree
+from tests.real_servers import harness_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def claude_binary() -> str:
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools/install_claude_code.sh")], capture_output=True, text=True, timeout=600
-    )
-    if done.returncode != 0:
-        pytest.skip(f"CLAUDE CODE COULD NOT BE INSTALLED (npm unreachable?): {done.stderr.strip()[-300:]}")
-    return done.stdout.strip().splitlines()[-1]
+    return harness_binary("claude_code", ROOT / "tools/install_claude_code.sh")
 
 
 def script(workspace: Path) -> dict[str, object]:

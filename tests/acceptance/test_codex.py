@@ -24,17 +24,13 @@ import pytest
 from gyre_store.catalog import Provenance
 from tests.acceptance.conftest import ROOT, gyre
 from tests.acceptance.processes import engine_and_proxy, settled_records, tree
+from tests.real_servers import harness_binary
 
 SPAWN_MESSAGE = "List the files in the workspace and report."
 
 
 def codex_binary() -> str:
-    done = subprocess.run(
-        ["bash", str(ROOT / "tools/install_codex.sh")], capture_output=True, text=True, timeout=600
-    )
-    if done.returncode != 0:
-        pytest.skip(f"CODEX COULD NOT BE INSTALLED (npm unreachable?): {done.stderr.strip()[-300:]}")
-    return done.stdout.strip().splitlines()[-1]
+    return harness_binary("codex", ROOT / "tools/install_codex.sh")
 
 
 def call(name: str, args: dict[str, object]) -> str:

@@ -13,7 +13,9 @@ from gyre_store import (
     InMemoryEventLog,
     InMemoryProjectionStore,
     NewEvent,
+    NoTrajectoryTree,
     RewardAssigned,
+    StoreUnavailable,
     catch_up,
     new_outcome,
     rebuild,
@@ -34,6 +36,7 @@ from gyre_train import (
     UnknownGroupError,
     admission_rng,
     admit,
+    execution_rows,
     stored_execution,
 )
 from tests.unit.train.runs import (
@@ -234,3 +237,50 @@ def test_a_step_resumed_takes_back_only_its_own_runs_groups() -> None:
     mine = StoreGroupSource(log, memory_store(), GroupSourceConfig(trainer="core", run_id="second"))
     assert mine.consumed_by_step(0) == ("second-g0", "second-g1")
     assert mine.consumed_by_step(1) == ()
+
+
+class _TreeOutage:
+    """A projection store whose tree reads fail while ``down`` (an outage mid-load)."""
+
+    def __init__(self, store: InMemoryProjectionStore) -> None:
+        self._store = store
+        self.down = False
+
+    def select(self, table: str, column: str, value: object) -> list[dict[str, object]]:
+        if self.down and table == "gyre_tree_nodes":
+            raise StoreUnavailable("connection refused")
+        return self._store.select(table, column, value)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+def test_an_outage_while_a_tree_loads_propagates_and_consumes_nothing() -> None:
+    log = InMemoryEventLog()
+    runner = _run(log)
+    store = _TreeOutage(memory_store())
+    source = StoreGroupSource(log, store, GroupSourceConfig(), step=1)  # type: ignore[arg-type]
+    for e, reason in (
+        ("d", FinishReason.COMPLETED),
+        ("e", FinishReason.COMPLETED),
+        ("f", FinishReason.FAILED),
+    ):
+        finish(log, e, RUN, reason)
+        runner.settle(e, deadline=INF)
+    [ticket] = source.ready_groups()
+    store.down = True
+    # Before: the error became "no tree", and valid executions trained with no rows (L_i = 0).
+    with pytest.raises(StoreUnavailable):
+        source.take(ticket.group_id)
+    assert not [r for r in log.read(0, types=["group.consumed"]) if isinstance(r.event, GroupConsumed)]
+    store.down = False
+    [again] = source.ready_groups()  # the group waited, ready as before
+    taken = source.take(again.group_id)
+    assert taken.executions[0].rows and taken.executions[1].rows
+
+
+def test_an_execution_with_no_tree_gives_no_rows() -> None:
+    store = memory_store()
+    assert execution_rows(store, "never-called", GroupSourceConfig()) == ()
+    with pytest.raises(NoTrajectoryTree):
+        TreeView.load(store, "never-called")
