@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -49,10 +50,11 @@ from gyre_proxy.exceptions import (
     Overloaded,
 )
 from gyre_proxy.ingest import Ingestor, Match, Prepared, RecordSpool
-from gyre_store import GyreStoreError
 from gyre_store.catalog import ModelCallRecorded, MovePath, RequestMoved, TitoArrays
 from gyre_store.log import EventMetadata, NewEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
+
+log = logging.getLogger(__name__)
 
 
 class ExecutionSync(Protocol):
@@ -111,6 +113,7 @@ class AnswerPipeline:
         self.moved = 0  # requests in flight cancelled because the scheduler moved their execution
         self.kv_migrated = 0  # of those, the ones whose KV cache went with them
         self.kv_migration = True  # try to move a moved request's KV cache (else re-prefill)
+        self.abort_failures = 0  # aborts an engine refused or never answered: it may still be generating
         self._in_flight: dict[str, tuple[RoutedEngine, str, str]] = {}  # execution -> engine, rid, run
         self._moving: dict[str, asyncio.Future[None]] = {}  # execution -> its move, awaited before the retry
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,14 +175,21 @@ class AnswerPipeline:
                     with contextlib.suppress(EngineError):
                         await src.release_kv(rid)
         if path is MovePath.REPREFILL:
-            await _quiet_abort(source, rid)
+            await self._abort_quietly(source, rid)
         moved = RequestMoved(
             execution_id=execution_id, run_id=run_id, request_id=rid, source=source.name,
             destination=target, path=path, kv_tokens=kv_tokens, detail=detail[:500],
         )  # fmt: skip
-        log = self.ingestor.recorder.log
-        with contextlib.suppress(GyreStoreError):  # a note on the move; the answer goes on regardless
-            await asyncio.to_thread(log.append, [NewEvent(moved, metadata=EventMetadata(run_id=run_id))])
+        # Through the spool like the records: kept and retried while the store is down, and the
+        # answer goes on meanwhile. The key makes a resent batch a no-op. The spool reports each
+        # event it writes to the workers' table as written, keyed by the execution, so it is
+        # counted as staged too, or another worker would stop waiting before a record is in.
+        event = NewEvent(
+            moved, idempotency_key=f"moved:{execution_id}:{rid}", metadata=EventMetadata(run_id=run_id)
+        )
+        if self.sync is not None:
+            self.sync.staged(execution_id)
+        self.spool.submit(event)
 
     # -- token sequences of stored records ---------------------------------------------------
     def _touch(self, execution_id: str) -> None:
@@ -371,10 +381,22 @@ class AnswerPipeline:
             # The harness went away mid-answer: stop the engine and keep what was sampled.
             for cleanup in machine.cut():
                 if isinstance(cleanup, StopEngine):
-                    await _quiet_abort(routed, cleanup.rid)
+                    await self._abort_quietly(routed, cleanup.rid)
                 else:
                     self._stage(cleanup, timing)
             raise
+
+    async def _abort_quietly(self, routed: RoutedEngine | None, rid: str) -> None:
+        """Abort ``rid`` on ``routed``'s engine where nothing waits on the outcome; a failure is
+        logged and counted (``abort_failures``): that engine may keep generating for nobody."""
+        if routed is None:
+            return
+        try:
+            await routed.engine.abort(rid)
+        except Exception:  # the engine may be gone already; cancellation still propagates
+            self.abort_failures += 1
+            log.warning("engine %s: abort of %s failed; it may still be generating", routed.name, rid,
+                        exc_info=True)  # fmt: skip
 
     def _stage(self, staged: Stage, timing: _Timing) -> None:
         """Stage the attempt's record with its timings, and spool it."""
@@ -410,12 +432,3 @@ class _Timing:
     def saw(self, delta: GenerateDelta) -> None:
         if not self.first_token_s and delta.output_ids.shape[0]:
             self.first_token_s = time.time() - self.started
-
-
-async def _quiet_abort(routed: RoutedEngine | None, rid: str) -> None:
-    if routed is None:
-        return
-    try:
-        await routed.engine.abort(rid)
-    except Exception:  # best effort: the engine may be gone already
-        return
