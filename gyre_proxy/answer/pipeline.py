@@ -395,8 +395,9 @@ class AnswerPipeline:
             await routed.engine.abort(rid)
         except Exception:  # the engine may be gone already; cancellation still propagates
             self.abort_failures += 1
-            log.warning("engine %s: abort of %s failed; it may still be generating", routed.name, rid,
-                        exc_info=True)  # fmt: skip
+            log.warning(
+                "engine %s: abort of %s failed; it may still be generating", routed.name, rid, exc_info=True
+            )
 
     def _stage(self, staged: Stage, timing: _Timing) -> None:
         """Stage the attempt's record with its timings, and spool it."""
