@@ -1,4 +1,5 @@
-"""Fixtures for the engine-layer unit tests: an in-process reference engine behind ASGI."""
+"""Fixtures for the proxy's unit tests: the bundled chat template, and an in-process reference
+engine behind ASGI."""
 
 from __future__ import annotations
 
@@ -7,13 +8,20 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from gyre_proxy.engines import EngineClient, EngineClientConfig
+from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.engines.refengine import ReferenceEngine, ReferenceEngineConfig, build_app
+from gyre_proxy.ingest import Qwen3Template
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def template() -> Qwen3Template:
+    """The bundled Qwen3 chat template over the bundled vocabulary (built once per module)."""
+    return Qwen3Template(qwen_tokenizer())
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness
 from gyre_proxy.ingest import (
     Ingestor,
@@ -33,11 +32,6 @@ SMALL = TraceConfig(
     tool_result_words=(30, 300),
     interrupt_at=9,
 )
-
-
-@pytest.fixture(scope="module")
-def template() -> Qwen3Template:
-    return Qwen3Template(qwen_tokenizer())
 
 
 @pytest.fixture(scope="module")

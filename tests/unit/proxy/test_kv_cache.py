@@ -295,11 +295,6 @@ def test_pins_are_refused_past_the_bound_and_freed_by_release() -> None:
 # -- the client's errors --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _answering(status: int, body: object) -> httpx.MockTransport:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, content=msgspec.json.encode(body))

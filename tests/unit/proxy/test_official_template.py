@@ -19,7 +19,6 @@ import pytest
 
 from gyre_proxy.api import anthropic, openai_chat, openai_responses
 from gyre_proxy.chat import ChatRequest
-from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.ingest import Qwen3Template, encode_request
 from gyre_store.trees import ExecutionContext
 
@@ -165,11 +164,6 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]] = {
 }  # fmt: skip
 
 SPECIAL = re.compile(r"(<\|im_start\|>|<\|im_end\|>)")
-
-
-@pytest.fixture(scope="module")
-def template() -> Qwen3Template:
-    return Qwen3Template(qwen_tokenizer())
 
 
 def chat_request(api: str, body: dict[str, Any]) -> ChatRequest:

@@ -14,7 +14,6 @@ import pytest
 
 from gyre_proxy.api import anthropic, openai_chat, openai_responses
 from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolUseBlock
-from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.exceptions import InvalidRequest
 from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness
 from gyre_proxy.ingest import Ingestor, PayloadCache, Qwen3Template
@@ -29,11 +28,6 @@ TOOL = {
     "description": "run",
     "schema": {"type": "object", "properties": {"command": {"type": "string"}}},
 }
-
-
-@pytest.fixture(scope="module")
-def template() -> Qwen3Template:
-    return Qwen3Template(qwen_tokenizer())
 
 
 def translate(api: str, body: dict[str, Any]) -> ChatRequest:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import pytest
 
 from gyre_proxy.answer import AnswerPipeline, Router
-from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.engines.testing import FakeEngine
 from gyre_proxy.exceptions import EngineUnavailable
 from gyre_proxy.harness import GenericHarness
@@ -23,16 +22,6 @@ from gyre_store.log import AppendResult, NewEvent
 from gyre_store.trees import TrajectoryRecorder
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def template() -> Qwen3Template:
-    return Qwen3Template(qwen_tokenizer())
 
 
 class OutageLog(InMemoryEventLog):

@@ -20,7 +20,6 @@ from gyre_proxy.chat import (
     ToolUseBlock,
     chain_hashes,
 )
-from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.engines.testing import FakeEngine
 from gyre_proxy.harness import GenericHarness
 from gyre_proxy.ingest import Ingestor, Qwen3Template, RecordSpool, encode_request, match_request, output_hash
@@ -32,16 +31,6 @@ from gyre_store.trees import ExecutionContext, PrefixPoint, TrajectoryRecorder
 pytestmark = pytest.mark.anyio
 
 AUTH = ExecutionAuth("ex", "run", "generic")
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def template() -> Qwen3Template:
-    return Qwen3Template(qwen_tokenizer())
 
 
 def pipeline_over(

@@ -13,11 +13,6 @@ from gyre_proxy import ServerStartError, WorkerSync, WorkerTable
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def tables(path: Path, workers: int = 2) -> list[WorkerTable]:
     WorkerTable.create(path, workers=workers, slots=1024)
     return [WorkerTable(path, workers=workers, index=i, slots=1024) for i in range(workers)]

@@ -76,6 +76,13 @@ def _run(log: InMemoryEventLog) -> EvaluationRunner:
     return runner
 
 
+def _finish_new_group(log: InMemoryEventLog, runner: EvaluationRunner, e_finish: FinishReason) -> None:
+    """End and evaluate g-new's executions: d completed, e with ``e_finish``, f failed (excluded)."""
+    for e, reason in (("d", FinishReason.COMPLETED), ("e", e_finish), ("f", FinishReason.FAILED)):
+        finish(log, e, RUN, reason)
+        runner.settle(e, deadline=INF)
+
+
 def test_groups_become_ready_oldest_policy_first_and_turn_into_rows() -> None:
     log = InMemoryEventLog()
     runner = _run(log)
@@ -85,13 +92,7 @@ def test_groups_become_ready_oldest_policy_first_and_turn_into_rows() -> None:
     )
     source = StoreGroupSource(log, store, config, step=7)
     assert source.ready_groups() == ()
-    for e, reason in (
-        ("d", FinishReason.COMPLETED),
-        ("e", FinishReason.HARNESS_TIMEOUT),
-        ("f", FinishReason.FAILED),
-    ):
-        finish(log, e, RUN, reason)
-        runner.settle(e, deadline=INF)
+    _finish_new_group(log, runner, FinishReason.HARNESS_TIMEOUT)
     [ticket] = source.ready_groups()
     assert (ticket.group_id, ticket.policy_version) == ("g-new", 1)
     finish(log, "a", RUN)
@@ -260,13 +261,7 @@ def test_an_outage_while_a_tree_loads_propagates_and_consumes_nothing() -> None:
     runner = _run(log)
     store = _TreeOutage(memory_store())
     source = StoreGroupSource(log, store, GroupSourceConfig(), step=1)  # type: ignore[arg-type]
-    for e, reason in (
-        ("d", FinishReason.COMPLETED),
-        ("e", FinishReason.COMPLETED),
-        ("f", FinishReason.FAILED),
-    ):
-        finish(log, e, RUN, reason)
-        runner.settle(e, deadline=INF)
+    _finish_new_group(log, runner, FinishReason.COMPLETED)
     [ticket] = source.ready_groups()
     store.down = True
     # Before: the error became "no tree", and valid executions trained with no rows (L_i = 0).
