@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,29 @@ def gyre(
         text=True,
         timeout=timeout,
     )
+
+
+REPLAY_COUNTS = re.compile(r"(\d+) (differ|violations|disagreements)\b")
+
+
+def replay_counts(stdout: str) -> dict[str, int]:
+    """The counts ``gyre sched replay`` reports, by word: ``{"differ": 0, "violations": 0, ...}``.
+
+    Parsed as numbers: a substring test for "0 differ" would also pass on "10 differ"."""
+    counts: dict[str, int] = {}
+    for number, word in REPLAY_COUNTS.findall(" ".join(stdout.split())):
+        # A word may appear in several rows (per kind); a clean replay has every one at 0.
+        counts[word] = counts.get(word, 0) + int(number)
+    return counts
+
+
+def assert_replay_clean(replay: subprocess.CompletedProcess[str], *words: str) -> None:
+    """``gyre sched replay`` exited 0 and reported each of ``words`` (default: differ,
+    violations, disagreements) present and at 0."""
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    counts = replay_counts(replay.stdout)
+    for word in words or ("differ", "violations", "disagreements"):
+        assert counts.get(word) == 0, f"replay reported {counts.get(word)} {word}:\n{replay.stdout}"
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from tests import pgcluster
-from tests.acceptance.conftest import ROOT, gyre
+from tests.acceptance.conftest import ROOT, assert_replay_clean, gyre
 
 pytestmark = [
     pytest.mark.skipif(not pgcluster.available(), reason="needs PostgreSQL's binaries for a private cluster"),
@@ -229,8 +229,7 @@ def test_a_live_run_survives_its_faults(cluster: pgcluster.PrivateCluster, tmp_p
     assert completed and completed <= called
     # The new controller went on from the log: the decisions replay exactly, none twice.
     replay = gyre("sched", "replay", "--run", RUN, env={"GYRE_DATABASE_URL": url})
-    flat = " ".join(replay.stdout.split())
-    assert replay.returncode == 0 and "0 differ" in flat and "0 violations" in flat, replay.stdout
+    assert_replay_clean(replay, "differ", "violations")
     keys = [
         k
         for (k,) in _rows(url, "SELECT idempotency_key FROM gyre_events WHERE event_type = 'sched.decision'")

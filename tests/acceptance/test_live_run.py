@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.acceptance.conftest import gyre
+from tests.acceptance.conftest import assert_replay_clean, gyre
 from tests.acceptance.processes import gyre_run, live_run_env
 
 pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
@@ -129,9 +129,7 @@ def test_every_fact_is_written_by_the_component_that_knows_it(live_run: Run) -> 
 
 def test_the_scheduler_replays_the_live_run_exactly(live_run: Run) -> None:
     out = gyre("sched", "replay", "--run", live_run.summary["run_id"], env=live_run.env)
-    assert out.returncode == 0, out.stdout + out.stderr
-    flat = " ".join(out.stdout.split())
-    assert "0 differ" in flat and "0 violations" in flat and "0 disagreements" in flat
+    assert_replay_clean(out)
 
 
 def test_every_reward_a_step_used_is_traceable_to_its_evaluation_in_sql(live_run: Run) -> None:
