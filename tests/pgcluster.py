@@ -37,6 +37,13 @@ def available() -> bool:
     return _bin("initdb") is not None and _bin("pg_ctl") is not None
 
 
+def missing() -> str | None:
+    """Why a private cluster cannot be made here, or None when it can."""
+    if available():
+        return None
+    return "POSTGRESQL SERVER BINARIES (initdb, pg_ctl) NOT FOUND: apt-get install postgresql, or pip install pgserver"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

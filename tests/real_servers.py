@@ -1,5 +1,5 @@
-"""What a test does when a real server or harness it needs (SGLang, Mooncake, Claude Code,
-Codex) is not there: it fails.
+"""What a test does when a real server, harness or package it needs (SGLang, Mooncake, Claude
+Code, Codex, Megatron-core, PostgreSQL's server binaries) is not there: it fails.
 
 `tools/run-tests.sh` installs and starts these; when that fails it passes the reason in
 ``GYRE_TEST_<NAME>_ERROR``, and the tests fail with it rather than skip, so a broken set-up
@@ -64,3 +64,19 @@ def mooncake_missing() -> str | None:
     except (ImportError, OSError) as exc:  # the wheel needs libibverbs1 from the OS
         return f"MOONCAKE DOES NOT IMPORT ({exc}): apt-get install libibverbs1 to test it"
     return None
+
+
+def megatron_missing() -> str | None:
+    """Why Megatron-core cannot be used here, or None when it can (it is in the ``dev`` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        return "MEGATRON-CORE NOT INSTALLED: pip install megatron-core==0.16.1 (the dev extra has it)"
+    return None
+
+
+def require(name: str, missing: str | None) -> None:
+    """Go on when ``missing`` is None; else fail with it (``unavailable``: the explicit opt-out
+    ``GYRE_TEST_SKIP_<NAME>=1`` skips instead)."""
+    if missing is not None:
+        unavailable(name, missing)

@@ -6,9 +6,11 @@
 # background (its environment built once per machine, see tools/sglang_setup.sh), lints and
 # type-checks meanwhile, tests, stops the server, and prints how long each phase took.
 #
-# A real server or harness that cannot be set up makes its tests fail with the reason. To skip
-# them instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1,
-# GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1, GYRE_TEST_SKIP_CODEX=1). A server of your
+# A real server, harness or package that cannot be set up makes its tests fail with the reason.
+# To skip them instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1,
+# GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1, GYRE_TEST_SKIP_CODEX=1),
+# GYRE_TEST_SKIP_MEGATRON=1, GYRE_TEST_SKIP_POSTGRES_BINARIES=1 (the private clusters that the
+# database-outage tests stop and start need initdb and pg_ctl). A server of your
 # own is used as it is when GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR are set.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -70,3 +70,25 @@ def test_another_harness_s_opt_out_does_not_skip(
 ) -> None:
     monkeypatch.setenv("GYRE_TEST_SKIP_CLAUDE_CODE", "1")
     assert isinstance(outcome(broken_installer), Fail)
+
+
+def test_a_missing_package_fails_unless_skipped_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from tests.real_servers import megatron_missing, require
+
+    monkeypatch.delenv("GYRE_TEST_SKIP_MEGATRON", raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("megatron") else real_find_spec(name, *a),
+    )
+    why = megatron_missing()
+    assert why is not None and "MEGATRON-CORE NOT INSTALLED" in why
+    with pytest.raises(Fail, match=r"MEGATRON UNAVAILABLE .*GYRE_TEST_SKIP_MEGATRON=1"):
+        require("megatron", why)
+    monkeypatch.setenv("GYRE_TEST_SKIP_MEGATRON", "1")
+    with pytest.raises(Skip, match="SKIPPED ON REQUEST"):
+        require("megatron", why)
+    require("megatron", None)  # present: goes on

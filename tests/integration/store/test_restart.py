@@ -12,10 +12,12 @@ from gyre_store import NewEvent, PostgresEventLog, RetryPolicy, StoreConfig, Sto
 from gyre_store.catalog import ExecutionStarted
 from gyre_store.db import migrate
 from tests import pgcluster
+from tests.real_servers import require
 
-pytestmark = pytest.mark.skipif(
-    not pgcluster.available(), reason="PostgreSQL server binaries (initdb, pg_ctl) not found"
-)
+
+@pytest.fixture(autouse=True)
+def _postgres_binaries() -> None:
+    require("postgres_binaries", pgcluster.missing())
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ start together; the reference is a world of one. Needs megatron-core (skipped lo
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,15 +24,15 @@ from gyre_train.backends import OptimizerConfig, megatron_module
 from gyre_train.cells import SyntheticBatchConfig, gradient_share, merge_shares, ratio_share, synthetic_batch
 from gyre_train.objective import LossConfig
 from tests.integration.train_stream.gloo import gloo_world
+from tests.real_servers import megatron_missing, require
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
-        reason="MEGATRON-CORE NOT INSTALLED: the Megatron backend is untested "
-        "(pip install megatron-core==0.16.1)",
-    ),
-    pytest.mark.timeout(240),
-]
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(autouse=True)
+def _megatron() -> None:
+    require("megatron", megatron_missing())
+
 
 DATA = SyntheticBatchConfig(groups=2, executions=4, max_rows=2, vocab_size=128)
 # A wide clip interval so that every execution contributes gradient.

@@ -5,7 +5,6 @@ batch with the same GPT at TP=1. Needs megatron-core (skipped loudly without it)
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import tempfile
 import time
 from collections import Counter
@@ -47,14 +46,15 @@ from gyre_train.cells import (
 from gyre_train.objective import LossConfig
 from tests.integration.train_stream.conftest import wait_for_members
 from tests.integration.train_stream.gloo import gloo_world
+from tests.real_servers import megatron_missing, require
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
-        reason="MEGATRON-CORE NOT INSTALLED: Megatron cells are untested (pip install megatron-core==0.16.1)",
-    ),
-    pytest.mark.timeout(300),
-]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def _megatron() -> None:
+    require("megatron", megatron_missing())
+
 
 SPEC_TORCH = ModelSpec(TINY_QWEN3)
 PROMPT = [72, 101, 108, 108, 111, 44, 32]

@@ -7,7 +7,6 @@ megatron-core.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,15 @@ from gyre_train.backends import MegatronModelSpec, to_gpt2
 from gyre_train.cells import SyntheticBatchConfig, synthetic_batch
 from gyre_train.objective import packed_token_logprobs
 from tests.integration.train_stream.gloo import gloo_world
+from tests.real_servers import megatron_missing, require
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
-        reason="MEGATRON-CORE NOT INSTALLED: the GPT-2 export is untested (pip install megatron-core==0.16.1)",
-    ),
-    pytest.mark.timeout(120),
-]
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _megatron() -> None:
+    require("megatron", megatron_missing())
+
 
 SPEC = MegatronModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=128, seed=9)
 DATA = SyntheticBatchConfig(groups=1, executions=3, max_rows=2, vocab_size=128)
