@@ -25,19 +25,13 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import Progress
 from scratch import scratch_database
+from stored_trees import store_and_project
 
 from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
-from gyre_store import (
-    InMemoryEventLog,
-    NewEvent,
-    PostgresEventLog,
-    PostgresProjectionStore,
-    StoreConfig,
-    catch_up,
-)
-from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
+from gyre_store import InMemoryEventLog, PostgresEventLog, StoreConfig
+from gyre_store.trees import TrajectoryRecorder, TreeView
 from gyre_train import (
     PAPER_FB_FRACTION,
     AblationSetting,
@@ -99,16 +93,7 @@ def main() -> None:
         PostgresEventLog(StoreConfig(url)) as pg_log,
     ):
         console.print(f"storing {len(events)} records in PostgreSQL and building the tree projection ...")
-        for i in range(0, len(events), 64):
-            pg_log.append(
-                [
-                    NewEvent(e.event, idempotency_key=e.idempotency_key, payload=e.payload)
-                    for e in events[i : i + 64]
-                ]
-            )
-        projection = TreeProjection()
-        store = PostgresProjectionStore(pg_log.pool, {t.name: t for t in projection.tables})
-        catch_up(pg_log, store, projection)
+        store = store_and_project(pg_log, events)
         config = AdmissionConfig(max_trajectories=5)
 
         def from_stored(execution_id: str) -> object:

@@ -42,6 +42,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scratch import scratch_database
+from stored_trees import store_and_project
 
 from gyre_proxy.chat import ChatRequest
 from gyre_proxy.engines import Tokenizer, qwen_tokenizer
@@ -55,17 +56,10 @@ from gyre_proxy.ingest import (
     TraceGenerator,
     full_messages,
 )
-from gyre_store import (
-    InMemoryEventLog,
-    NewEvent,
-    PostgresEventLog,
-    PostgresProjectionStore,
-    StoreConfig,
-    catch_up,
-)
+from gyre_store import InMemoryEventLog, PostgresEventLog, StoreConfig
 from gyre_store.catalog import TitoArrays
 from gyre_store.log import AppendResult
-from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeView
 
 console = Console(width=170)
 TREE_TABLES = ("gyre_tree_nodes", "gyre_tree_records", "gyre_tree_state")
@@ -305,16 +299,7 @@ def main() -> int:
             f"storing {len(events)} records in PostgreSQL (scratch database {url.rsplit('/', 1)[1]}) ..."
         )
         with PostgresEventLog(StoreConfig(url)) as pg_log:
-            for i in range(0, len(events), 64):
-                pg_log.append(
-                    [
-                        NewEvent(e.event, idempotency_key=e.idempotency_key, payload=e.payload)
-                        for e in events[i : i + 64]
-                    ]
-                )
-            p = TreeProjection()
-            store = PostgresProjectionStore(pg_log.pool, {t.name: t for t in p.tables})
-            catch_up(pg_log, store, p)
+            store = store_and_project(pg_log, events)
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("CREATE TABLE naive_inputs (request_id text PRIMARY KEY, tokens bytea)")
                 with conn.cursor() as cur:
