@@ -6,15 +6,24 @@ and warm-started policy) and one budget of four model hosts: elastic and colocat
 cells that move between rollout and training beside one pool engine, async one trainer cell
 beside three pool engines. The three run at the same target staleness E[d] = 1, with the
 paper's pairings (async (phi, mu) = (1, 1), colocate (0, 3), elastic (0.5, 2)). Everything
-printed is read from each run's log; the simulator is fed each run's own measured execution
-durations, training seconds per group, update-and-publication time and transition times
-(``gyre_sched.predict_run``), and simulates the same configuration.
+printed is read from each run's log. The simulator runs each configuration twice:
+
+- fed that run's own measured execution durations, training seconds per group,
+  update-and-publication time and transition times (``gyre_sched.predict_run``): a fit, whose
+  agreement with the run is partly built in, since the run's own costs go in;
+- with ``--predict-from FILE`` (the costs file an earlier run of this benchmark wrote, on
+  another seed), from that run's costs of the same policy alone: a prediction, made and
+  printed before the policy's run starts.
+
+Every run writes its measured costs to ``--out``/costs-seed<S>.json (``out/`` is not
+committed), for the next seed's ``--predict-from``.
 
 There is no numeric target: the paper's ordering (elastic faster than colocate and than
 async) is printed as HOLDS or DOES NOT HOLD with the figures behind it, and the transition
 times beside the paper's 8.52 s to training and 3.46 s back.
 
     .venv/bin/python benchmarks/bench_live_policies.py [--steps 6] [--seed 0] [--policies elastic,async]
+        [--predict-from out/bench_live_policies/costs-seed<T>.json]
 
 The database is a scratch one on ``--pg`` (default: the machine's PostgreSQL), dropped after.
 """
@@ -32,9 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import live_costs
+from live_costs import CostsFileError, RunCosts
 from scratch import scratch_database
 
-from gyre_sched import predict_run
+from gyre_sched import SimResult, predict_run
 from gyre_store import PostgresEventLog, StoreConfig, run_report
 from gyre_tools.run_config import parse_config
 
@@ -68,12 +79,32 @@ heldout = false
 """
 
 
-def _run(policy: str, args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
+def _config_text(policy: str, args: argparse.Namespace) -> str:
     shape, phi, mu = SHAPES[policy]
+    return CONFIG.format(seed=args.seed, steps=args.steps, policy=policy, phi=phi, mu=mu, shape=shape)
+
+
+def _predict(policy: str, earlier: dict[str, RunCosts], args: argparse.Namespace) -> SimResult | None:
+    """The prediction for ``policy`` from another seed's costs of it, printed; None without."""
+    if policy not in earlier:
+        if args.predict_from:
+            print(f"   no prediction: {args.predict_from} holds no {policy} run", flush=True)
+        return None
+    try:
+        predicted = live_costs.predict(
+            earlier[policy], parse_config(_config_text(policy, args)), sim_seed=args.sim_seed
+        )
+    except CostsFileError as exc:
+        raise SystemExit(f"--predict-from, {policy}: {exc}") from exc
+    print(f"   predicted before the run, from seed {earlier[policy].seed}'s costs alone: "
+          f"{live_costs.simulated_s(predicted):.1f} s", flush=True)  # fmt: skip
+    return predicted
+
+
+def _run(policy: str, args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
+    _, phi, mu = SHAPES[policy]
     config = folder / f"{policy}.toml"
-    config.write_text(
-        CONFIG.format(seed=args.seed, steps=args.steps, policy=policy, phi=phi, mu=mu, shape=shape)
-    )
+    config.write_text(_config_text(policy, args))
     out = folder / f"{policy}.json"
     env = {
         **os.environ,
@@ -111,50 +142,89 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default="elastic,colocate,async")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed")
+    parser.add_argument(
+        "--predict-from",
+        type=Path,
+        help="a costs file an earlier run of this benchmark wrote (another seed): predict each run from it",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "out" / "bench_live_policies",
+        help="folder for this run's costs file",
+    )
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if unknown := set(policies) - SHAPES.keys():
+        parser.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(SHAPES)}")
+    earlier: dict[str, RunCosts] = {}
+    if args.predict_from:
+        try:
+            earlier = live_costs.load(args.predict_from)
+        except CostsFileError as exc:
+            parser.error(str(exc))
 
     rows: dict[str, dict[str, Any]] = {}
+    measured: dict[str, RunCosts] = {}
     with scratch_database(args.pg, "gyre_bench_policies") as url, tempfile.TemporaryDirectory() as tmp:
         for policy in policies:
+            load_before = os.getloadavg()[0]
+            # Made and printed before the run starts, so nothing of this run can go into it.
+            before = _predict(policy, earlier, args)
             summary = _run(policy, args, url, Path(tmp))
             run_id = summary["run_id"]
             config = parse_config(summary["config_toml"])
             with PostgresEventLog(StoreConfig(url)) as log:
                 report = run_report(log, run_id, phi=config.phi, mu=config.mu)
-                costs, predicted = predict_run(log, run_id, config.sched(), seed=args.seed)
-            simulated = predicted.step_end_s[-1] if predicted.step_end_s else predicted.total_h * 3600
+                costs, predicted = predict_run(log, run_id, config.sched(), seed=args.sim_seed)
+                measured[policy] = live_costs.measured(log, run_id, summary["config_toml"], costs.cluster)
             rows[policy] = {
                 "summary": summary,
                 "report": report,
-                "simulated_s": simulated,
+                "simulated_s": live_costs.simulated_s(predicted),
                 "predicted": predicted,
+                "before_s": live_costs.simulated_s(before) if before else None,
                 "costs": costs,
+                "load": (load_before, os.getloadavg()[0]),
             }
+    costs_file = args.out / f"costs-seed{args.seed}.json"
+    live_costs.save(costs_file, measured)
 
     print(
-        "\nthe same workload, live (every figure from the run's log) beside the simulator fed its measurements"
+        "\nthe same workload, live (every figure from the run's log) beside the simulator: fed each run's own"
+        "\nmeasurements (sim s, a fit) and, with --predict-from, from another seed's (pred s, made before the run)"
     )
     header = (f"{'policy':<9} {'(phi,mu)':>9} {'steps':>5} {'run s':>7} {'s/step':>7} {'sim s':>7} {'real/sim':>8} "
-              f"{'staleness':>9} {'E[d]':>5} {'sim d':>6} {'moves':>5} {'train s':>8} {'s/micro':>8} {'cells':>5}")  # fmt: skip
+              f"{'pred s':>7} {'real/pred':>9} {'staleness':>9} {'E[d]':>5} {'sim d':>6} {'moves':>5} {'train s':>8} "
+              f"{'s/micro':>8} {'cells':>5} {'load':>9}")  # fmt: skip
     print(header)
     for policy, row in rows.items():
         s, report = row["summary"], row["report"]
         real = report.wall_s
         steps = len(report.steps)
         _, phi, mu = SHAPES[policy]
+        before_s = row["before_s"]
         print(
             f"{policy:<9} {f'({phi},{mu})':>9} {steps:>5} {_fmt(real):>7} {_fmt(real / steps if real else None):>7} "
             f"{_fmt(row['simulated_s']):>7} {_fmt(real / row['simulated_s'] if real else None, digits=2):>8} "
+            f"{_fmt(before_s):>7} {_fmt(real / before_s if real and before_s else None, digits=2):>9} "
             f"{_fmt(report.staleness.measured_mean, digits=2):>9} {report.staleness.expected_mean:>5.2f} "
             f"{row['predicted'].mean_staleness:>6.2f} {s['transitions']:>5} {row['costs'].compute_s:>8.1f} "
             f"{row['costs'].compute_s / max(1, 2 * row['costs'].micro_steps):>8.3f} "
-            f"{max((st.roles.get('training', 0) for st in report.steps), default=0):>5}"
+            f"{max((st.roles.get('training', 0) for st in report.steps), default=0):>5} "
+            f"{'{:.1f}-{:.1f}'.format(*row['load']):>9}"
         )
+    print(
+        "  sim s: the simulator fed this run's own measured costs (a fit: the agreement is partly built in);"
+    )
+    print("  pred s: predicted before the run from another seed's costs of the same policy (--predict-from);")
     print(
         "  train s: forward and forward-backward seconds of every trainer cell (train.computed); s/micro: per pass"
     )
-    print("  of a micro-step (two passes each); cells: most cells in training at a step's start")
+    print("  of a micro-step (two passes each); cells: most cells in training at a step's start;")
+    print("  load: the 1-minute load average as the run started and as it ended")
+    print(f"this run's costs: {costs_file} (--predict-from for a run on another seed)")
 
     for policy, row in rows.items():
         times = row["report"].transition_times

@@ -6,16 +6,22 @@ real processes, then reads the run's log alone:
 - useful work: the fraction of trainer-cell time spent in forward and forward-backward passes
   (``train.computed``), the fraction of rollout-engine time spent generating (model calls
   open), and where the rest went (``gyre_store.cell_time``);
-- the simulator's prediction for the same configuration, fed the run's measured execution
-  durations (by group), training seconds per group, update-and-publication time
-  (``gyre_sched.predict_run``): real wall time / simulated wall time, both from the first
-  dispatch to the last update.
+- the simulator fed this same run's measured execution durations (by group), training
+  seconds per group and update-and-publication time (``gyre_sched.predict_run``): real wall
+  time / simulated wall time. This is a fit, not a prediction: the run's own costs go in, so
+  part of the agreement is built in;
+- with ``--predict-from FILE`` (the costs file an earlier run of this benchmark wrote, on
+  another seed of the same configuration), the simulator's prediction made from those costs
+  alone, printed before the run starts, and real wall time / predicted wall time after it.
 
-There is no target for these figures; a gap between the run and the simulator is a finding
-(docs/live-run.md explains the one measured here). With ``--run RUN`` it reads a run already in
-the database instead of starting one.
+Every run writes the costs it measured to ``--out``/costs-seed<S>.json (``out/`` is not
+committed), for the next seed's ``--predict-from``. There is no target for these figures; a gap
+between the run and the simulator is a finding (docs/live-run.md explains the one measured
+here). With ``--run RUN`` it reads a run already in the database instead of starting one (the
+prediction is then made after the run, still from the other seed's costs only).
 
     .venv/bin/python benchmarks/bench_live_run.py [--steps 4] [--config run.toml] [--run RUN]
+        [--seed S] [--predict-from out/bench_live_run/costs-seed<T>.json]
 
 The database and Redis are ``GYRE_DATABASE_URL`` and ``GYRE_REDIS_URL`` (default: a new
 database on the machine's PostgreSQL, kept and printed, and its Redis, on 127.0.0.1).
@@ -32,12 +38,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import live_costs
 import msgspec
 import psycopg
+from live_costs import CostsFileError, RunCosts
 
-from gyre_sched import predict_run
+from gyre_sched import SimResult, predict_run
 from gyre_store import PostgresEventLog, RunConfigured, StoreConfig, cell_time, run_report
-from gyre_tools.run_config import parse_config, to_toml
+from gyre_tools.run_config import RunConfig, parse_config, to_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,6 +75,20 @@ def _fresh_database() -> str:
     return url
 
 
+def _predict(other: RunCosts | None, config: RunConfig, sim_seed: int) -> SimResult | None:
+    """The prediction from another seed's costs, printed; None without a costs file."""
+    if other is None:
+        return None
+    try:
+        predicted = live_costs.predict(other, config, sim_seed=sim_seed)
+    except CostsFileError as exc:
+        raise SystemExit(f"--predict-from: {exc}") from exc
+    print(f"prediction from the costs measured on seed {other.seed} (run {other.run_id}), made before "
+          f"this run's measurements: {live_costs.simulated_s(predicted):.1f} s for {config.steps} steps",
+          flush=True)  # fmt: skip
+    return predicted
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,13 +98,33 @@ def main() -> None:
     parser.add_argument("--seed", dest="run_seed", type=int, help="override the config's seed")
     parser.add_argument("--run", help="read this run from the database instead of starting one")
     parser.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed")
+    parser.add_argument(
+        "--predict-from",
+        type=Path,
+        help="a costs file an earlier run wrote (another seed, same configuration): predict this run from it",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "out" / "bench_live_run", help="folder for this run's costs file"
+    )
     args = parser.parse_args()
+    other: RunCosts | None = None
+    if args.predict_from:
+        try:
+            other = live_costs.load(args.predict_from).get("run")
+        except CostsFileError as exc:
+            parser.error(str(exc))
+        if other is None:
+            parser.error(
+                f"{args.predict_from} holds no costs of bench_live_run (a policies benchmark's file?)"
+            )
 
     env = {
         "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or _fresh_database(),
         "GYRE_REDIS_URL": os.environ.get("GYRE_REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     print(f"database: {env['GYRE_DATABASE_URL']}", flush=True)
+    load_before = os.getloadavg()
+    before: SimResult | None = None
     with tempfile.TemporaryDirectory(prefix="gyre-bench-live-") as tmp:
         run_id = args.run
         if run_id is None:
@@ -91,6 +133,8 @@ def main() -> None:
                 config = msgspec.structs.replace(config, steps=args.steps)
             if args.run_seed is not None:
                 config = msgspec.structs.replace(config, seed=args.run_seed)
+            # Made and printed before the run starts, so nothing of this run can go into it.
+            before = _predict(other, config, args.sim_seed)
             # The demo's data directory by default: its warm-started policy is cached there.
             env["GYRE_DATA_DIR"] = os.environ.get("GYRE_DATA_DIR", str(Path.home() / ".gyre"))
             run_id = _run(to_toml(config), env, Path(tmp))
@@ -101,9 +145,14 @@ def main() -> None:
                 if isinstance(r.event, RunConfigured) and r.event.run_id == run_id
             )
             config = parse_config(toml)
+            if args.run is not None:
+                before = _predict(other, config, args.sim_seed)
             report = run_report(log, run_id, phi=config.phi, mu=config.mu)
             cells = cell_time(log, run_id)
             costs, predicted = predict_run(log, run_id, config.sched(), seed=args.sim_seed)
+            mine = live_costs.measured(log, run_id, toml, costs.cluster)
+    costs_file = args.out / f"costs-seed{config.seed}.json"
+    live_costs.save(costs_file, {"run": mine})
 
     print(f"\nrun {run_id}: {config.policy}, K={config.cells} trainer cells, "
           f"{config.rollout_engines} engines x {config.engine_capacity}, B={config.B} N={config.N}, "
@@ -126,22 +175,42 @@ def main() -> None:
 
     cluster = costs.cluster
     real = report.wall_s or 0.0
-    simulated = predicted.step_end_s[-1] if predicted.step_end_s else predicted.total_h * 3600
-    print("\nsimulator fed this run's measurements")
-    print(f"  training: {costs.compute_s:.1f} s of passes over {costs.groups} groups "
+    simulated = live_costs.simulated_s(predicted)
+    print("\nthe simulator against the run (no target)")
+    print(f"  this run's training: {costs.compute_s:.1f} s of passes over {costs.groups} groups "
           f"({cluster.train_node_hours_per_group * 3600:.2f} s/group, {cluster.microsteps_per_group} micro-steps/group); "
           f"update and publication {cluster.update_s:.2f} s")  # fmt: skip
-    print(f"  real wall time       {real:8.1f} s  (run.started -> last update)")
-    print(f"  simulated wall time  {simulated:8.1f} s")
-    print(
-        f"  real / simulated     {real / simulated:8.2f}" if simulated > 0 else "  simulated wall time is 0"
-    )
+    print(f"  real wall time                  {real:8.1f} s  (run.started -> last update)")
+    print(f"  simulated, fed this run's costs {simulated:8.1f} s  (a fit: this run's own durations and "
+          "training seconds go in, so the agreement is partly built in)")  # fmt: skip
+    print(f"  real / simulated (same-run fit) {_ratio(real, simulated)}")
+    if before is None or other is None:
+        print("  predicted before the run               -  (no --predict-from)")
+    else:
+        ahead = live_costs.simulated_s(before)
+        print(f"  predicted before the run        {ahead:8.1f} s  (from the costs of seed {other.seed} "
+              f"alone, run {other.run_id})")  # fmt: skip
+        print(f"  real / predicted before the run {_ratio(real, ahead)}")
     real_steps = [s.wall_s for s in report.steps if s.wall_s is not None]
-    sim_steps = [h * 3600 for h in predicted.step_durations_h]
-    for i, (r, s) in enumerate(zip(real_steps, sim_steps, strict=False)):
-        print(f"    step {i}: real {r:6.1f} s  simulated {s:6.1f} s")
-    print(f"  staleness: measured {report.staleness.measured_mean}, simulated {predicted.mean_staleness:.2f}, "
-          f"E[d] {report.staleness.expected_mean}")  # fmt: skip
+    fit_steps = [h * 3600 for h in predicted.step_durations_h]
+    ahead_steps = [h * 3600 for h in before.step_durations_h] if before else []
+    for i, (r, s) in enumerate(zip(real_steps, fit_steps, strict=False)):
+        ahead_step = f"  predicted {ahead_steps[i]:6.1f} s" if i < len(ahead_steps) else ""
+        print(f"    step {i}: real {r:6.1f} s  same-run fit {s:6.1f} s{ahead_step}")
+    print(f"  staleness: measured {report.staleness.measured_mean}, same-run fit {predicted.mean_staleness:.2f}"
+          + (f", predicted {before.mean_staleness:.2f}" if before else "")
+          + f", E[d] {report.staleness.expected_mean}")  # fmt: skip
+    print(f"  load average (1, 5, 15 min): {_loads(load_before)} as the benchmark started, "
+          f"{_loads(os.getloadavg())} at its end")  # fmt: skip
+    print(f"  this run's costs: {costs_file} (--predict-from for a run on another seed)")
+
+
+def _loads(loads: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in loads)
+
+
+def _ratio(real: float, simulated: float) -> str:
+    return f"{real / simulated:8.2f}" if simulated > 0 else "       - (simulated 0 s)"
 
 
 if __name__ == "__main__":
