@@ -16,9 +16,9 @@ real processes, then reads the run's log alone:
 
 Every run writes the costs it measured to ``--out``/costs-seed<S>.json (``out/`` is not
 committed), for the next seed's ``--predict-from``. There is no target for these figures; a gap
-between the run and the simulator is a finding (docs/live-run.md explains the one measured
-here). With ``--run RUN`` it reads a run already in the database instead of starting one (the
-prediction is then made after the run, still from the other seed's costs only).
+between the run and the simulator is a finding, not a failure. With ``--run RUN`` it reads a
+run already in the database instead of starting one (the prediction is then made after the
+run, still from the other seed's costs only).
 
     .venv/bin/python benchmarks/bench_live_run.py [--steps 4] [--config run.toml] [--run RUN]
         [--seed S] [--predict-from out/bench_live_run/costs-seed<T>.json]
