@@ -14,6 +14,7 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │    ├── EngineRequestAborted
      │    ├── EngineServerError
      │    ├── EngineProtocolError
+     │    │    └── WeightVersionInvalid
      │    ├── WeightUpdateFailed
      │    └── KvMigrationError
      │         ├── KvCacheNotFound
@@ -34,6 +35,9 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │              ├── TransferUnavailable
      │              └── TransferFailed
      ├── ServerStartError
+     ├── SpoolError
+     │    ├── SpoolInUse
+     │    └── SpoolClosed
      ├── HarnessError
      │    └── LaunchError
      └── ApiError                 500 api_error             / 500 server_error
@@ -91,6 +95,11 @@ class EngineServerError(EngineError):
 
 class EngineProtocolError(EngineError):
     """The engine answered with a body that does not follow SGLang's API."""
+
+
+class WeightVersionInvalid(EngineProtocolError):
+    """The engine reported a weight version that names no policy version (gyre publishes
+    integer versions, e.g. "3")."""
 
 
 class WeightUpdateFailed(EngineError):
@@ -210,6 +219,18 @@ class TransferFailed(KvRefused):
 
 class ServerStartError(GyreProxyError):
     """An HTTP server (the proxy or the reference engine) did not start."""
+
+
+class SpoolError(GyreProxyError):
+    """The record spool cannot take records."""
+
+
+class SpoolInUse(SpoolError):
+    """Another proxy process holds the spool directory; give each proxy its own (--spool-dir)."""
+
+
+class SpoolClosed(SpoolError):
+    """The record spool is closed: a record submitted now would never be written."""
 
 
 # -- answers to the harness ---------------------------------------------------------------------

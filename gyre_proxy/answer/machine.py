@@ -5,7 +5,9 @@ in; the harness's stream events, engine stops, reroutes and staged records out.
 harness has received (a reroute continues from there), the stop-sequence hold-back over the
 decoded text, the weight versions the tokens were sampled under, and which attempt each
 record continues. It does no I/O, knows no asyncio and reads no clock; ``AnswerPipeline``
-routes, streams from engines and stages records, doing what each returned effect says.
+routes, streams from engines and stages records, doing what each returned effect says. A
+weight version that names no policy version is refused (``WeightVersionInvalid``), never
+guessed: the tokens' version is what training's staleness and ratios are computed from.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy.typing as npt
 from gyre_proxy.answer.output_parser import OutputParser
 from gyre_proxy.chat import Block, ChatRequest, Message, Role, StreamEvent
 from gyre_proxy.engines import FinishKind, GenerateDelta, IncrementalText, SamplingConfig, Tokenizer
+from gyre_proxy.exceptions import WeightVersionInvalid
 from gyre_proxy.ingest import Prepared, continuation
 from gyre_store.catalog import CallFinish
 
@@ -60,7 +63,9 @@ class Stage:
 
     ``delivered`` says whether the harness received those tokens; ``weight_versions`` are
     (offset into ``output_ids``, version) spans; ``sequence`` is the attempt's full token
-    sequence (the input, then every output token up to its end), for later prefixes.
+    sequence (the input, then every output token up to its end), for later prefixes;
+    ``detail`` says why an attempt ended early (the engine's error or abort, the harness
+    gone), empty for a finished answer.
     """
 
     prepared: Prepared
@@ -74,15 +79,17 @@ class Stage:
     weight_versions: tuple[tuple[int, int], ...]
     retry_of: str | None
     sequence: npt.NDArray[np.int32]
+    detail: str = ""
 
 
 class AnswerMachine:
     """The answer to ``request`` over ``input_ids``, across as many engine attempts as it takes.
 
     Drive it as: ``start(engine)``; ``on_delta`` for each streamed delta (stop reading once
-    it returns ``StopEngine``); ``fail()`` if the engine failed mid-stream; ``end_attempt()``
-    when the stream is over. Repeat until ``completed`` (or ``GiveUp``). ``cut()`` says what
-    to do when the harness goes away first.
+    it returns ``StopEngine``); ``fail(why)`` if the engine failed mid-stream, or if
+    ``on_delta`` refused a delta (then abort the request: the engine is still generating);
+    ``end_attempt()`` when the stream is over. Repeat until ``completed`` (or ``GiveUp``).
+    ``cut()`` says what to do when the harness goes away first.
     """
 
     def __init__(
@@ -117,6 +124,7 @@ class AnswerMachine:
         self._rid: str | None = None
         self._engine = ""
         self._interrupted = False
+        self._detail = ""  # why the current attempt was interrupted, for its record
         self._attempt_prepared = prepared  # what the current attempt's record extends
         self._attempt_start = 0  # index into _out_ids where the current attempt began
         self._retry_of: str | None = None
@@ -133,6 +141,7 @@ class AnswerMachine:
         self._attempts += 1
         self._engine = engine
         self._interrupted = False
+        self._detail = ""
         context = self.input_ids
         if self._out_ids:
             context = np.concatenate([self.input_ids, np.asarray(self._out_ids, dtype=np.int32)])
@@ -146,12 +155,22 @@ class AnswerMachine:
 
     def on_delta(self, delta: GenerateDelta) -> list[StreamEvent | StopEngine]:
         """The events the harness gets for ``delta``; a last ``StopEngine`` when a stop
-        sequence ended the answer (the rest of ``delta`` is then ignored)."""
+        sequence ended the answer (the rest of ``delta`` is then ignored).
+
+        Raises ``WeightVersionInvalid``, taking none of ``delta``, when its weight version
+        names no policy version, or none after the answer's tokens had one (spans cannot say
+        "unknown from here"): nothing reached the harness from it.
+        """
         out: list[StreamEvent | StopEngine] = []
-        if delta.weight_version is not None:
-            version = _version(delta.weight_version)
-            if not self._versions or self._versions[-1][1] != version:
-                self._versions.append((len(self._out_ids), version))
+        version = policy_version(delta.weight_version)
+        if version is None:
+            if self._versions:
+                raise WeightVersionInvalid(
+                    f"weight_version {delta.weight_version!r} after version {self._versions[-1][1]} "
+                    "in the same answer: the rest would have no known version"
+                )
+        elif not self._versions or self._versions[-1][1] != version:
+            self._versions.append((len(self._out_ids), version))
         if delta.output_ids.shape[0]:
             new_ids = delta.output_ids.tolist()
             self._out_ids.extend(new_ids)
@@ -173,13 +192,16 @@ class AnswerMachine:
         if delta.finish is not None:
             if delta.finish.kind == FinishKind.ABORT:
                 self._interrupted = True  # aborted by the engine: a role transition
+                self._detail = f"aborted by engine {self._engine}: {delta.finish.message or 'no message'}"
             else:
                 self._finish = delta.finish.kind
         return out
 
-    def fail(self) -> None:
-        """The engine failed mid-stream (unavailable, not accepting, a broken stream)."""
+    def fail(self, why: str = "") -> None:
+        """The engine failed mid-stream (unavailable, not accepting, a broken stream, a delta
+        refused); ``why`` goes on the attempt's record."""
         self._interrupted = True
+        self._detail = why
 
     def end_attempt(self) -> list[StreamEvent | Stage | Reroute | GiveUp]:
         """The attempt's stream is over: either the answer is complete (the held text, the
@@ -212,14 +234,22 @@ class AnswerMachine:
             return []
         self.completed = True
         out: list[StopEngine | Stage] = [] if self._rid is None else [StopEngine(self._rid)]
-        out.append(self._stage(f"{self.request_id}-cut", None, CallFinish.ABORT, delivered=False))
+        out.append(
+            self._stage(
+                f"{self.request_id}-cut",
+                None,
+                CallFinish.ABORT,
+                delivered=False,
+                detail="the harness went away",
+            )
+        )
         return out
 
     def _reroute(self) -> list[StreamEvent | Stage | Reroute | GiveUp]:
         # The harness has this attempt's tokens: record them, and continue from them.
         rid = self._require_rid()
         out: list[StreamEvent | Stage | Reroute | GiveUp] = [
-            self._stage(rid, None, CallFinish.ABORT, delivered=True),
+            self._stage(rid, None, CallFinish.ABORT, delivered=True, detail=self._detail),
             Reroute(self._engine),
         ]
         self._attempt_prepared = continuation(self._prepared, rid, len(self._out_ids))
@@ -230,7 +260,13 @@ class AnswerMachine:
         return out
 
     def _stage(
-        self, request_id: str, assistant: Message | None, finish: CallFinish, *, delivered: bool
+        self,
+        request_id: str,
+        assistant: Message | None,
+        finish: CallFinish,
+        *,
+        delivered: bool,
+        detail: str = "",
     ) -> Stage:
         """The record of the attempt that produced ``_out_ids[_attempt_start:]``.
 
@@ -253,6 +289,7 @@ class AnswerMachine:
             weight_versions=tuple(spans),
             retry_of=self._retry_of,
             sequence=np.concatenate([self.input_ids, np.asarray(self._out_ids, dtype=np.int32)]),
+            detail=detail,
         )
 
     def _require_rid(self) -> str:
@@ -260,11 +297,25 @@ class AnswerMachine:
         return self._rid
 
 
-def _version(v: str) -> int:
-    try:
-        return int(v)
-    except ValueError:
-        return 0
+# SGLang's weight version of a server started without ``--weight-version`` and never updated.
+UNVERSIONED = "default"
+
+
+def policy_version(reported: str | None) -> int | None:
+    """The policy version an engine's ``meta_info.weight_version`` names.
+
+    gyre's engines serve integer versions as decimal strings ("3"). ``None`` (an SGLang
+    without the field) and ``"default"`` (an engine nobody gave a version) name none: the
+    tokens get no span, and a record without spans has no policy version (NULL in
+    ``gyre_records``, from the event's metadata), never 0, which is the initial policy.
+    Raises ``WeightVersionInvalid`` for anything else ("abc", "1.5", "", "-1", " 3").
+    """
+    if reported is None or reported == UNVERSIONED:
+        return None
+    # ASCII digits only: int() would also take "+3", " 3", "3_0" and other scripts' digits.
+    if not (reported.isascii() and reported.isdigit()):
+        raise WeightVersionInvalid(f"weight_version {reported!r} is not an integer policy version")
+    return int(reported)
 
 
 def _find_stop(text: str, stops: tuple[str, ...], since: int) -> tuple[str, int] | None:

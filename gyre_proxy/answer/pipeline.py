@@ -48,6 +48,7 @@ from gyre_proxy.exceptions import (
     EngineError,
     EngineUnavailable,
     Overloaded,
+    WeightVersionInvalid,
 )
 from gyre_proxy.ingest import Ingestor, Match, Prepared, RecordSpool
 from gyre_store.catalog import ModelCallRecorded, MovePath, RequestMoved, TitoArrays
@@ -348,7 +349,15 @@ class AnswerPipeline:
                     )
                     async for delta in stream:
                         timing.saw(delta)
-                        for step in machine.on_delta(delta):
+                        try:
+                            steps = machine.on_delta(delta)
+                        except WeightVersionInvalid as exc:
+                            # Refused by the machine, not by the stream: the engine is still
+                            # generating this request for nobody.
+                            log.warning("engine %s, request %s: %s", routed.name, attempt.rid, exc)
+                            await self._abort_quietly(routed, attempt.rid)
+                            raise
+                        for step in steps:
                             if isinstance(step, StopEngine):
                                 await routed.engine.abort(step.rid)
                             else:
@@ -359,9 +368,10 @@ class AnswerPipeline:
                     if isinstance(exc, ContextLengthExceeded):
                         raise ContextTooLong(input_tokens=n_in, limit=self.context_limit) from exc
                     raise
-                except EngineError:
-                    # Unavailable, not accepting, broken stream: continue on another engine.
-                    machine.fail()
+                except EngineError as exc:
+                    # Unavailable, not accepting, broken stream, a delta refused: continue on
+                    # another engine; the attempt's record says why.
+                    machine.fail(f"{type(exc).__name__}: {exc}"[:500])
                 finally:
                     self._in_flight.pop(ex, None)
                 ending = machine.end_attempt()
@@ -412,6 +422,7 @@ class AnswerPipeline:
             engine=staged.engine,
             weight_versions=staged.weight_versions,
             retry_of=staged.retry_of,
+            detail=staged.detail,
             started_at=timing.started,
             first_token_s=timing.first_token_s,
             duration_s=time.time() - timing.started,

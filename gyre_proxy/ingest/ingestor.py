@@ -97,6 +97,7 @@ class Ingestor:
         engine: str = "",
         weight_versions: tuple[tuple[int, int], ...] = (),
         retry_of: str | None = None,
+        detail: str = "",
         started_at: float | None = None,
         first_token_s: float = 0.0,
         duration_s: float = 0.0,
@@ -105,7 +106,8 @@ class Ingestor:
 
         ``assistant`` is the answer as the harness receives it (None when it never gets a
         complete one). ``delivered`` says whether the harness received these output tokens:
-        they are trainable then; by default only a call that did not abort is.
+        they are trainable then; by default only a call that did not abort is. ``detail``
+        says why an aborted attempt ended (kept on the record).
         """
         enc = prepared.encoded
         n_out = int(output_ids.shape[0])
@@ -139,6 +141,7 @@ class Ingestor:
             prefix_of=None if enc.prefix is None else enc.prefix.request_id,
             prefix_len=enc.prefix_len,
             retry_of=retry_of,
+            detail=detail,
             agent_kind=prepared.traits.agent_kind,
             agent_id=prepared.traits.agent_id,
             spawned_by=prepared.traits.spawned_by,

@@ -72,6 +72,7 @@ class ModelCallRecorded(Event, frozen=True, kw_only=True):
     prefix_of: str | None = None  # the record whose full sequence this context extends
     prefix_len: NonNegative = 0  # tokens shared with that record's input + output
     retry_of: str | None = None  # the attempt this one replaces (a transparent retry)
+    detail: str = ""  # why an aborted attempt ended: the engine's error or abort, the harness gone
     agent_kind: AgentKind = AgentKind.UNKNOWN
     agent_id: str = ""
     spawned_by: str | None = None  # the tool-call id of the Agent call that started this sub-agent
