@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gyre_proxy.answer import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
@@ -179,7 +179,6 @@ def test_held_back_text_is_released_when_no_stop_sequence_follows(prepared: Prep
     assert sent_text(machine.end_attempt()) == "bST"
 
 
-@settings(deadline=None)
 @given(
     text=st.text(alphabet="abSTOP", max_size=30),
     cuts=st.lists(st.integers(min_value=0, max_value=30), max_size=8),

@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gyre_proxy.engines import FinishKind
@@ -37,7 +37,6 @@ def chunks(ids: list[int], cuts: list[int], *, incremental: bool) -> list[str]:
     return out
 
 
-@settings(deadline=None)  # timings belong in benchmarks/: under load one example took 260 ms
 @given(
     ids=st.lists(st.integers(0, 300), min_size=1, max_size=40),
     cuts=st.lists(st.integers(1, 39), max_size=10),
@@ -94,7 +93,6 @@ async def test_sse_lines_stop_at_done() -> None:
 
 
 @pytest.mark.anyio
-@settings(deadline=None)  # timings belong in benchmarks/: under load one example took 260 ms
 @given(
     payloads=st.lists(st.text("ab {}:[]é", max_size=30), max_size=6),
     cuts=st.lists(st.integers(0, 400), max_size=8),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre_sched import (
@@ -37,7 +37,7 @@ def test_simulated_presets_are_clean(name: str) -> None:
     assert any(isinstance(d, BeginTransition) for e in run.log for d in e.decisions) or name == "ablation-A0"
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15)
 @given(
     policy=st.sampled_from(list(PolicyKind)),
     phi_halves=st.integers(0, 4),
