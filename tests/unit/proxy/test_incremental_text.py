@@ -27,7 +27,7 @@ def tok() -> QwenTokenizer:
     return qwen_tokenizer()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     st.lists(st.integers(0, 248_000), max_size=40),  # arbitrary tokens: partial and invalid UTF-8
     st.lists(st.integers(1, 5), min_size=1, max_size=40),

@@ -195,7 +195,7 @@ def chunked(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise([0, *points, len(text)])]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(text=texty, cuts=st.lists(st.integers(min_value=0), max_size=12), thinking_open=st.booleans())
 def test_any_chunking_gives_the_one_shot_blocks(text: str, cuts: list[int], thinking_open: bool) -> None:
     expected = one_shot(text, thinking_open=thinking_open)
@@ -206,7 +206,7 @@ def test_any_chunking_gives_the_one_shot_blocks(text: str, cuts: list[int], thin
     assert all(b.text.strip() == b.text and b.text for b in expected if isinstance(b, TextBlock))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(text=st.text(max_size=200))
 def test_arbitrary_text_never_raises(text: str) -> None:
     response = parse_output(text)
@@ -220,7 +220,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     calls=st.lists(
         st.tuples(

@@ -50,7 +50,7 @@ def test_same_seed_same_samples() -> None:
     assert len(set(draw(5))) > 1
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(seed=st.integers(0, 2**31), top_k=st.integers(1, 4), top_p=st.floats(0.05, 1.0))
 def test_top_k_and_top_p_never_sample_outside_the_nucleus(seed: int, top_k: int, top_p: float) -> None:
     sampling = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p)

@@ -31,7 +31,7 @@ def dump_all(store: InMemoryProjectionStore) -> dict[str, list[dict[str, object]
     return {t: store.dump(t) for t in store.tables}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(lifecycle_events(), st.lists(st.integers(1, 10), min_size=1, max_size=8), st.integers(1, 7))
 def test_rebuild_equals_incremental(events: list[NewEvent], chunks: list[int], batch: int) -> None:
     log = InMemoryEventLog()

@@ -80,7 +80,7 @@ def project(log: InMemoryEventLog) -> InMemoryProjectionStore:
     return store
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(record_sequences())
 def test_every_record_rebuilds_exactly_and_rebuild_equals_incremental(
     records: list[tuple[ModelCallRecorded, TitoArrays]],

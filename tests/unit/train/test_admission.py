@@ -42,7 +42,7 @@ def _replay(tree: AdmissionTree, admission: Admission, config: AdmissionConfig) 
     assert admission.exhausted == (not left)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(tree=admission_trees(), cap=CAPS, seed=SEEDS, flat=st.booleans())
 def test_every_draw_follows_the_rule(tree: AdmissionTree, cap: int | None, seed: int, flat: bool) -> None:
     config = AdmissionConfig(max_trajectories=cap, priority=FlatPriority() if flat else ClassPriority())
@@ -53,7 +53,7 @@ def test_every_draw_follows_the_rule(tree: AdmissionTree, cap: int | None, seed:
         assert admission.exhausted
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(tree=admission_trees(), cap=CAPS, seed=SEEDS)
 def test_targets_are_disjoint_trainable_and_on_the_path(
     tree: AdmissionTree, cap: int | None, seed: int
@@ -70,7 +70,7 @@ def test_targets_are_disjoint_trainable_and_on_the_path(
     assert admission.target_count == int(tree.trainable_counts[seen].sum())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(tree=admission_trees(), seed=SEEDS)
 def test_uncapped_admission_covers_every_leaf_path(tree: AdmissionTree, seed: int) -> None:
     admission = admit(tree, AdmissionConfig(max_trajectories=None), np.random.default_rng(seed))
@@ -80,7 +80,7 @@ def test_uncapped_admission_covers_every_leaf_path(tree: AdmissionTree, seed: in
     assert admission.exhausted
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(tree=admission_trees(), cap=CAPS, seed=SEEDS)
 def test_same_seed_same_admission(tree: AdmissionTree, cap: int | None, seed: int) -> None:
     config = AdmissionConfig(max_trajectories=cap)

@@ -23,7 +23,7 @@ def _valid(rewards: list[float]) -> list[ExecutionReward]:
     return [ExecutionReward(f"e{i}", r) for i, r in enumerate(rewards)]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(rewards=REWARDS, scale=st.booleans())
 def test_advantages_are_centred_and_optionally_scaled(rewards: list[float], scale: bool) -> None:
     config = AdvantageConfig(scale_by_std=scale)

@@ -117,7 +117,7 @@ def random_steps(rng: np.random.Generator, size: int) -> list[npt.NDArray[np.int
     return [part for part in np.split(order, cuts)]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(batch=batches())
 def test_loss_and_gradient_match_the_formulas(
     batch: tuple[npt.NDArray[np.int64], F64, F64, F64, int, np.random.Generator],
@@ -137,7 +137,7 @@ def test_loss_and_gradient_match_the_formulas(
     np.testing.assert_allclose(per_execution, expected_per_execution, rtol=1e-9, atol=1e-15)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(batch=batches())
 def test_assignment_and_order_of_trajectories_and_micro_steps_do_not_matter(
     batch: tuple[npt.NDArray[np.int64], F64, F64, F64, int, np.random.Generator],

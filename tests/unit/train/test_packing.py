@@ -50,7 +50,7 @@ def _pack(groups: list[ReadyGroup], config: PackingConfig) -> tuple[BatchPacker,
     return packer, packer.pull(source)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(seed=st.integers(0, 2**32 - 1), budget=st.integers(200, 1200), groups=st.integers(1, 4))
 def test_micro_steps_hold_every_row_once_within_budget(seed: int, budget: int, groups: int) -> None:
     config = PackingConfig(token_budget=budget, groups_per_batch=groups, executions_per_group=N)
@@ -163,7 +163,7 @@ def _unpacked_loss(groups: list[ReadyGroup], params: dict[tuple[str, int], torch
     return total  # fmt: skip
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(seed=st.integers(0, 2**32 - 1), budget=st.integers(200, 900), skip=st.booleans())
 def test_loss_summed_over_micro_steps_equals_the_unpacked_batch_loss(
     seed: int, budget: int, skip: bool
