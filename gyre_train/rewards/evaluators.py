@@ -6,6 +6,8 @@ scores the fraction of tests passed, read from the JUnit XML report the command 
 (the agent never sees them) are written to a scratch folder the command names as ``{tests}``.
 A missing workspace is "nothing evaluable";
 a command that times out or leaves no report is an evaluator failure, retried by the runner.
+The command gets a minimal environment, never the evaluator's: the evaluator holds the run's
+database URL and keys, and the code under test is the policy's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from gyre_train.rewards.evaluation import EvaluationResult, PreservedState
 
 REPORT = "{report}"  # placeholder in the command for the JUnit XML report path
 TESTS = "{tests}"  # placeholder for the folder holding the task's test files
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")  # from the evaluator's environment; nothing else is
+DEFAULT_LANG = "C.UTF-8"  # where the evaluator has no LANG: tests read and write UTF-8 text
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +67,23 @@ def read_junit(path: Path) -> JUnitCounts:
     return JUnitCounts(tests, failures, errors, skipped, tuple(failed))
 
 
+def command_environment(scratch: Path, declared: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment of a test command: ``PASSED_ENV`` from this process, ``HOME`` and
+    ``TMPDIR`` in ``scratch`` (made here), then what the task ``declared``, which wins."""
+    home, tmp = scratch / "home", scratch / "tmp"
+    home.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    env = {"LANG": DEFAULT_LANG} | {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    return env | {"HOME": str(home), "TMPDIR": str(tmp)} | dict(declared)
+
+
 class CommandEvaluator:
-    """Runs ``command`` in the preserved workspace; the score is passed / (tests - skipped)."""
+    """Runs ``command`` in the preserved workspace; the score is passed / (tests - skipped).
+
+    The command sees only ``command_environment``: ``PATH``, ``LANG``, ``LC_ALL`` and ``TZ`` as
+    the evaluator has them, ``HOME`` and ``TMPDIR`` in a scratch folder of its own, and ``env``,
+    what the task declares it needs. ``env`` may not name a ``GYRE_`` variable.
+    """
 
     def __init__(
         self,
@@ -81,7 +100,9 @@ class CommandEvaluator:
             raise InvalidConfigError(f"timeout_s must be positive, got {timeout_s}")
         self._command = tuple(command)
         self._timeout_s = timeout_s
-        self._env = dict(env) if env is not None else None
+        self._env = dict(env or {})
+        if run_settings := sorted(k for k in self._env if k.upper().startswith("GYRE_")):
+            raise InvalidConfigError(f"a test command may not be given gyre's own settings: {run_settings}")
         self._name = name
         self._tests = dict(tests or {})
         if any(Path(n).is_absolute() or ".." in Path(n).parts for n in self._tests):
@@ -107,7 +128,7 @@ class CommandEvaluator:
                 (tests / name).parent.mkdir(parents=True, exist_ok=True)
                 (tests / name).write_text(text)
             argv = [part.replace(REPORT, str(report)).replace(TESTS, str(tests)) for part in self._command]
-            env = {**os.environ, **self._env} if self._env is not None else None
+            env = command_environment(Path(scratch), self._env)
             try:
                 done = subprocess.run(
                     argv, cwd=workspace, env=env, capture_output=True, text=True, timeout=self._timeout_s
