@@ -36,7 +36,7 @@ from gyre_sched.sim.presets import (
     with_policy,
 )
 from gyre_sched.sim.results import SimResult, TransitionRecord, cumulative_speedup
-from gyre_sched.sim.simulator import SimCluster, SimRun, simulate
+from gyre_sched.sim.simulator import CoreDecider, Decider, SimCluster, SimRun, simulate
 from gyre_sched.sim.tables import MET_TOLERANCE, AblationRow, SpeedupRow, ablation_table, speedup_table
 from gyre_sched.sim.time_use import StepTimeUse, TimeUse, UseSeconds, format_account, seconds_by_use
 from gyre_sched.sim.training import (
@@ -77,7 +77,9 @@ __all__ = [
     "Calibration",
     "CeilingLogNormal",
     "ClusterConfig",
+    "CoreDecider",
     "CostFit",
+    "Decider",
     "EmpiricalWorkload",
     "EventQueue",
     "FigureFit",

@@ -1,15 +1,17 @@
 """The discrete-event cluster simulator, driving the same decision core as a live run.
 
-Reads top to bottom: a heap of timed events; each decision-core input goes to the decision core first,
-its decisions are carried out through ``CommandSink`` by ``SimCluster``, and then the
-simulated world reacts to the input (groups become ready, cells join the trainer).
-Ties in time resolve by insertion order, so a seed fixes the whole run.
+Reads top to bottom: a heap of timed events; each decision-core input goes to the decider
+first (the decision core in process, or anything else behind ``Decider``, such as the live
+controller over an event log), which carries its decisions out through ``CommandSink`` on
+``SimCluster``; then the simulated world reacts to the input (groups become ready, cells
+join the trainer). Ties in time resolve by insertion order, so a seed fixes the whole run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -19,11 +21,13 @@ from gyre_sched.decision import (
     ClockTick,
     CoreAtBurstEnd,
     DecisionCore,
+    DecisionState,
     Direction,
     DispatchGroups,
     ExecutionFinished,
     GroupClaimed,
     GroupReady,
+    Input,
     LogEntry,
     Outcome,
     Placement,
@@ -31,6 +35,7 @@ from gyre_sched.decision import (
     TransitionDone,
     WeightsPublished,
     carry_out,
+    policy_for,
 )
 from gyre_sched.exceptions import ConfigError
 from gyre_sched.sim.cluster import ClusterConfig
@@ -115,6 +120,34 @@ class SimCluster:
         self.pending.append((wake_at, ClockTick(wake_at)))
 
 
+class Decider(Protocol):
+    """What the simulated world hands each decision-core input to."""
+
+    def decide(self, event: Input, world: SimCluster) -> Sequence[LogEntry]:
+        """Decide on ``event`` and carry the decisions out on ``world``; return every input
+        fed with its decisions (a live controller may feed a due ClockTick beside the fact)."""
+        ...
+
+    def state(self) -> DecisionState:
+        """The decision core's ledger and roles now."""
+        ...
+
+
+class CoreDecider:
+    """The decision core in process: decide, then carry out on the world."""
+
+    def __init__(self, sched: SchedConfig) -> None:
+        self._core = DecisionCore(sched)
+
+    def decide(self, event: Input, world: SimCluster) -> Sequence[LogEntry]:
+        decisions = self._core.handle(event)
+        carry_out(decisions, world)
+        return (LogEntry(event, decisions),)
+
+    def state(self) -> DecisionState:
+        return self._core.state()
+
+
 @dataclass
 class SimRun:
     """A finished simulation: the result and, when kept, the full decision log."""
@@ -133,20 +166,23 @@ def simulate(
     name: str = "run",
     keep_log: bool = False,
     on_step: Callable[[int], None] | None = None,
+    make_decider: Callable[[SimCluster], Decider] | None = None,
 ) -> SimRun:
     """Simulate ``steps`` training steps; returns the result (and the log if ``keep_log``).
 
-    Raises ConfigError subclasses for infeasible settings before anything runs.
+    ``make_decider`` builds what decides, given the simulated world (default: the decision core
+    in process, ``CoreDecider``). Raises ConfigError subclasses for infeasible settings
+    before anything runs.
     """
     sched.validate()
     cluster.validate()
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")
-    decider = DecisionCore(sched)
+    policy = policy_for(sched.policy)
     pool = ReadyPool()
-    initial = [c for c, role in enumerate(decider.state().roles) if role.value == "train"]
-    trainer = Trainer(sched, cluster, pool, initial)
+    trainer = Trainer(sched, cluster, pool, list(range(policy.initial_train_cells(sched))))
     world = SimCluster(sched, cluster, workload, np.random.default_rng(seed), pool, trainer)
+    decider = make_decider(world) if make_decider is not None else CoreDecider(sched)
     heap = EventQueue()
 
     heap.push([(0.0, RunStarted(0.0)), *trainer.open_batch(0.0)])
@@ -159,7 +195,7 @@ def simulate(
     water: list[WaterlevelSample] = []
     last_sample: tuple[int, int, int] | None = None
     account = TimeAccount()
-    classifier = Classifier(sched, decider.policy, cluster.streaming)
+    classifier = Classifier(sched, policy, cluster.streaming)
     inputs = finished = 0
     n = sched.group_size
 
@@ -174,13 +210,12 @@ def simulate(
                     on_step(len(step_end))
         else:
             inputs += 1
-            decisions = decider.handle(event)
-            if keep_log:
-                log.append(LogEntry(event, decisions))
             world.pending = []
-            carry_out(decisions, world)
+            entries = decider.decide(event, world)
             heap.push(world.pending)
-            for decision in decisions:
+            if keep_log:
+                log.extend(entries)
+            for decision in (d for entry in entries for d in entry.decisions):
                 if isinstance(decision, BeginTransition):
                     transitions[decision.cell] = len(records)
                     records.append(

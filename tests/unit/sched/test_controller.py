@@ -1,13 +1,11 @@
-"""The controller on an in-memory log: a simulated cluster writes facts to the store, the
-controller reacts through its sink. ``drive`` is also used by the PostgreSQL tests."""
+"""The controller on an in-memory log: the simulator's world loop writes facts to the store,
+the controller reacts through its sink. ``drive`` is also used by the PostgreSQL tests."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import pytest
 
 from gyre_sched import (
@@ -15,6 +13,8 @@ from gyre_sched import (
     ClusterConfig,
     ConfigMismatchError,
     ControllerConflictError,
+    Decision,
+    DecisionState,
     Direction,
     DispatchGroups,
     GroupClaimed,
@@ -24,10 +24,12 @@ from gyre_sched import (
     SchedConfig,
     simulate,
 )
-from gyre_sched.decision import ExecutionFinished, GroupReady, RunStarted, TransitionDone, WeightsPublished
+from gyre_sched.decision import ExecutionFinished, Input, RunStarted, TransitionDone
 from gyre_sched.live import (
     Controller,
     ProtocolStep,
+    SchedDecision,
+    SchedInput,
     SchedRejected,
     SchedStep,
     engine_name,
@@ -39,17 +41,7 @@ from gyre_sched.live import (
     replay_run,
     sched_stream,
 )
-from gyre_sched.sim import (
-    WORKLOADS,
-    BroadcastDone,
-    EventQueue,
-    MicrostepDone,
-    PublishDone,
-    ReadyPool,
-    SimCluster,
-    Trainer,
-    UpdateDone,
-)
+from gyre_sched.sim import WORKLOADS, SimCluster, SimRun
 from gyre_sched.testing import RecordingSink
 from gyre_store import (
     CellRoleChanged,
@@ -79,6 +71,10 @@ class FakeClock:
         return self.t
 
 
+class SimulatedCrash(Exception):
+    """The crash ``StoreWorld`` injects into one command: the only failure ``drive`` restarts on."""
+
+
 @dataclass
 class StoreWorld:
     """The cluster as the controller's sink: the simulated cluster reacts, the runner's
@@ -92,7 +88,7 @@ class StoreWorld:
     def _call(self, name: str, *args: object) -> None:
         if self.fail_on == name:
             self.fail_on = None
-            raise RuntimeError(f"simulated crash in {name}")
+            raise SimulatedCrash(f"simulated crash in {name}")
         getattr(self.calls, name)(*args)
         getattr(self.sim, name)(*args)
 
@@ -161,6 +157,77 @@ class StoreWorld:
         self._call("schedule_tick", wake_at)
 
 
+class StoreDecider:
+    """The live controller as the simulator's decider (``simulate``'s ``make_decider``).
+
+    Each input becomes the store fact a world component would write; the controller, run
+    once, reads it, decides, and carries the protocol out through ``StoreWorld``.
+    ``restart_every`` replaces the controller by a new one on the same log every that many
+    inputs; a ``SimulatedCrash`` from the world is survived by a new controller, any other
+    error propagates.
+    """
+
+    def __init__(self, log: EventLog, cfg: SchedConfig, world: StoreWorld, restart_every: int | None) -> None:
+        self.log, self.cfg, self.world = log, cfg, world
+        self.restart_every = restart_every
+        self.restarts = self.inputs = 0
+        self.controller = self._start()
+        self._seen = 0  # sched stream version read back so far
+
+    def _start(self) -> Controller:
+        sim = self.world.sim
+        return Controller(self.log, self.cfg, self.world, RUN, clock=lambda: sim.now)
+
+    def decide(self, event: Input, world: SimCluster) -> list[LogEntry]:
+        self.inputs += 1
+        if isinstance(event, RunStarted):
+            started = catalog.RunStarted(
+                run_id=RUN,
+                harness="sim",
+                model="sim",
+                group_size=self.cfg.group_size,
+                batch_groups=self.cfg.batch_groups,
+                cells=self.cfg.cells,
+                cell_capacity=self.cfg.cell_capacity,
+                separate_capacity=self.cfg.pool_capacity,
+                phi=self.cfg.phi,
+                mu=self.cfg.mu,
+            )
+            self.log.append([NewEvent(started, idempotency_key=f"run/{RUN}")])
+        else:
+            fact = fact_event(RUN, event, step=world.trainer.step)
+            if fact is not None:  # a ClockTick only wakes the controller
+                self.log.append([NewEvent(fact)])
+        if self.restart_every is not None and self.inputs % self.restart_every == 0:
+            self.controller = self._start()
+            self.restarts += 1
+        try:
+            self.controller.run_once()
+        except SimulatedCrash:
+            self.controller = self._start()  # the crashed one is gone; a new one finishes its protocol
+            self.restarts += 1
+            self.controller.run_once()
+        return self._recorded_since()
+
+    def state(self) -> DecisionState:
+        return self.controller.state()
+
+    def _recorded_since(self) -> list[LogEntry]:
+        """The inputs (with their decisions) the controllers recorded since the last call."""
+        events = self.log.read_stream(sched_stream(RUN), after_version=self._seen)
+        if events:
+            self._seen = events[-1].stream_version
+        decisions: dict[int, list[Decision]] = {}
+        for recorded in events:
+            if isinstance(recorded.event, SchedDecision):
+                decisions.setdefault(recorded.event.seq, []).append(recorded.event.decision)
+        return [
+            LogEntry(e.event.input, tuple(decisions.get(e.event.seq, ())))
+            for e in events
+            if isinstance(e.event, SchedInput)
+        ]
+
+
 @dataclass
 class Driven:
     """What a driven run leaves behind."""
@@ -169,6 +236,7 @@ class Driven:
     world: StoreWorld
     controller: Controller
     restarts: int
+    run: SimRun
 
 
 def drive(
@@ -180,95 +248,31 @@ def drive(
     cluster: ClusterConfig | None = None,
     restart_every: int | None = None,
     fail_on: str | None = None,
-    on_iteration: Callable[[int, EventLog], None] | None = None,
 ) -> Driven:
-    """Run the simulated cluster with the store between it and the controller.
+    """Run the simulator's own world loop with the store between it and the controller.
 
-    The simulator's loop, with ``core.handle`` replaced by "append the fact, run the
-    controller once". ``restart_every`` replaces the controller by a new one on the same
-    log every that many facts; ``fail_on`` makes the sink crash once on that command,
-    after which a new controller takes over.
+    ``simulate`` with the live controller as its decider (``StoreDecider``).
+    ``restart_every`` replaces the controller by a new one on the same log every that many
+    inputs; ``fail_on`` makes the sink crash once on that command, after which a new
+    controller takes over.
     """
-    cluster = cluster or small_cluster()
-    clock = FakeClock()
-    pool = ReadyPool()
-    trainer = Trainer(cfg, cluster, pool, [])
-    sim = SimCluster(cfg, cluster, WORKLOADS["nl2repo-122b"], np.random.default_rng(seed), pool, trainer)
-    world = StoreWorld(log, sim, fail_on=fail_on)
-    controller = Controller(log, cfg, world, RUN, clock=clock)
-    heap = EventQueue()
-    restarts = 0
+    made: list[StoreDecider] = []
 
-    heap.push([(0.0, RunStarted(0.0)), *trainer.open_batch(0.0)])
-    finished_in_group: dict[int, int] = {}
-    done_steps = iteration = 0
-    n = cfg.group_size
-    while heap and done_steps < steps:
-        now, event = heap.pop()
-        clock.t = sim.now = now
-        if isinstance(event, MicrostepDone):
-            heap.push(trainer.microstep_done(event.cell, now))
-            continue
-        if isinstance(event, UpdateDone):
-            heap.push(trainer.update_done(now))
-            done_steps += 1
-            continue
-        if isinstance(event, PublishDone):
-            heap.push(trainer.publish_done(now))
-            continue
-        if isinstance(event, BroadcastDone):
-            heap.push(trainer.broadcast_done(now))
-            continue
-        iteration += 1
-        if isinstance(event, RunStarted):
-            started = catalog.RunStarted(
-                run_id=RUN,
-                harness="sim",
-                model="sim",
-                group_size=cfg.group_size,
-                batch_groups=cfg.batch_groups,
-                cells=cfg.cells,
-                cell_capacity=cfg.cell_capacity,
-                separate_capacity=cfg.pool_capacity,
-                phi=cfg.phi,
-                mu=cfg.mu,
-            )
-            log.append([NewEvent(started, idempotency_key=f"run/{RUN}")])
-        else:
-            fact = fact_event(RUN, event, step=trainer.step)
-            if fact is not None:  # a ClockTick only wakes the controller
-                log.append([NewEvent(fact)])
-        if restart_every is not None and iteration % restart_every == 0:
-            controller = Controller(log, cfg, world, RUN, clock=clock)
-            restarts += 1
-        sim.pending = []
-        try:
-            controller.run_once()
-        except RuntimeError:
-            controller = Controller(log, cfg, world, RUN, clock=clock)  # the crashed one is gone
-            restarts += 1
-            controller.run_once()
-        heap.push(sim.pending)
-        if on_iteration is not None:
-            on_iteration(iteration, log)
-        match event:
-            case ExecutionFinished(execution=execution):
-                group = execution // n
-                finished_in_group[group] = finished_in_group.get(group, 0) + 1
-                if finished_in_group[group] == n:
-                    del finished_in_group[group]
-                    pool.mark_ready(group)
-                    heap.push([(now, GroupReady(now, group))])
-            case GroupReady():
-                heap.push(trainer.pump(now))
-            case WeightsPublished():  # the next batch opens once the core is decided
-                heap.push(trainer.open_batch(now))
-            case TransitionDone(cell=cell):
-                if controller.state().roles[cell].value == "train":
-                    heap.push(trainer.add_member(cell, now))
-            case _:
-                pass
-    return Driven(log, world, controller, restarts)
+    def controller_over_the_store(sim: SimCluster) -> StoreDecider:
+        made.append(StoreDecider(log, cfg, StoreWorld(log, sim, fail_on=fail_on), restart_every))
+        return made[0]
+
+    run = simulate(
+        cfg,
+        cluster or small_cluster(),
+        WORKLOADS["nl2repo-122b"],
+        steps=steps,
+        seed=seed,
+        keep_log=True,
+        make_decider=controller_over_the_store,
+    )
+    (decider,) = made
+    return Driven(log, decider.world, decider.controller, decider.restarts, run)
 
 
 def recorded(log: EventLog) -> list[LogEntry]:
@@ -288,6 +292,7 @@ def baseline() -> Driven:
 
 
 def test_driven_run_has_transitions_both_ways_and_replays_identically(baseline: Driven) -> None:
+    assert baseline.restarts == 0  # nothing was injected: one controller ran the whole run
     entries = recorded(baseline.log)
     begins = [d for e in entries for d in e.decisions if isinstance(d, BeginTransition)]
     assert {d.direction for d in begins} == {Direction.TO_TRAIN, Direction.TO_ROLLOUT}
@@ -302,9 +307,8 @@ def test_driven_run_has_transitions_both_ways_and_replays_identically(baseline: 
 def test_store_driven_run_equals_the_plain_simulation(baseline: Driven) -> None:
     """Same seed, same world: the controller through the store decides as the simulator's core."""
     sim = simulate(tiny(), small_cluster(), WORKLOADS["nl2repo-122b"], steps=6, seed=4, keep_log=True)
-    mine = recorded(baseline.log)
-    assert mine == sim.log[: len(mine)]
-    assert len(mine) >= len(sim.log) - 5  # the simulation stops a few inputs later
+    assert recorded(baseline.log) == baseline.run.log == sim.log
+    assert baseline.run.result == sim.result
 
 
 def test_restarts_mid_run_give_the_uninterrupted_decision_log(baseline: Driven) -> None:
