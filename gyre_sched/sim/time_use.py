@@ -216,7 +216,8 @@ class BurstReadiness(msgspec.Struct, frozen=True):
 
     burst: int
     start_h: float  # the burst's dispatch (the previous publication), from the run's start
-    last_ready_h: float  # the latest-ready group the burst consumed
+    last_group: int  # the latest-ready group the burst consumed
+    last_ready_h: float  # when it came ready
     last_dispatched_h: float  # that group's dispatch (negative: an earlier wave)
     last_start_delay_h: float  # its latest-ending execution: from the dispatch to its start
     last_duration_h: float  # that execution's duration
@@ -269,6 +270,7 @@ def burst_readiness(
             BurstReadiness(
                 burst=burst,
                 start_h=start / HOUR,
+                last_group=last,
                 last_ready_h=(ready[last] - start) / HOUR,
                 last_dispatched_h=(dispatched[last] - start) / HOUR,
                 last_start_delay_h=(started[final.execution] - dispatched[last]) / HOUR,

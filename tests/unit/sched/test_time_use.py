@@ -4,12 +4,14 @@ may compute a batch's micro-steps."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 import pytest
 
-from gyre_sched import CellRole, DecisionCore, GroupClaimed, get_preset, simulate
-from gyre_sched.sim import WORKLOADS, Preset
+from gyre_sched import CellRole, DecisionCore, GroupClaimed, Outcome, get_preset, simulate
+from gyre_sched.sim import WORKLOADS, CeilingLogNormal, GroupSample, Preset
 from gyre_sched.sim.explain import main as explain
 from gyre_sched.sim.time_use import (
     StepTimeUse,
@@ -105,11 +107,30 @@ def test_explain_prints_the_account_and_the_total(capsys: pytest.CaptureFixture[
     assert "what each burst waited for" in out
 
 
+@dataclass
+class RecordingWorkload:
+    """A workload that keeps every group it draws: the simulator draws a wave's groups in
+    group order at their dispatch, so ``drawn[g]`` is what group ``g`` was given."""
+
+    model: CeilingLogNormal
+    drawn: list[GroupSample] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def sample_group(self, rng: np.random.Generator, size: int) -> GroupSample:
+        sample = self.model.sample_group(rng, size)
+        self.drawn.append(sample)
+        return sample
+
+
 def test_burst_readiness_names_what_each_burst_waited_for() -> None:
     preset = get_preset("ablation-E0")
-    s, workload = preset.sched, WORKLOADS[preset.workload]
+    s = preset.sched
     for capacity, queued in ((s.cell_capacity, True), (3 * s.cell_capacity, False)):
         sched = msgspec.structs.replace(s, cell_capacity=capacity)
+        workload = RecordingWorkload(WORKLOADS[preset.workload])
         run = simulate(sched, preset.cluster, workload, steps=6, seed=0, keep_log=True)
         bursts = burst_readiness(sched, run.log, run.result.step_end_s)
         assert [b.wave_groups for b in bursts] == [s.initial_groups, s.burst_groups]
@@ -117,13 +138,35 @@ def test_burst_readiness_names_what_each_burst_waited_for() -> None:
         for b in bursts:
             assert b.last_ready_h <= b.end_h
             assert 0 <= b.wave_at_ceiling < b.wave_groups
-            # with room for every execution nothing waits to start, and the burst's last
-            # group is ready when its last execution, started at the dispatch, ends
             assert (b.wave_queued > 0) is queued
             assert (b.last_start_delay_h > 0) is queued or b.last_start_delay_h == 0
-            assert b.last_duration_h <= workload.overall_budget_h
+            # the last group is ready when its latest-ending execution ends: dispatch, then
+            # the wait for a slot, then the execution
+            ended_h = b.last_dispatched_h + b.last_start_delay_h + b.last_duration_h
+            assert ended_h == pytest.approx(b.last_ready_h, abs=1e-9)
+            # that execution ran for a duration the workload drew for this group, and ended
+            # as drawn (a reroute moves it with no lost progress)
+            drawn = workload.drawn[b.last_group]
+            same = [
+                o
+                for d, o in zip(drawn.durations_s, drawn.outcomes, strict=True)
+                if d == pytest.approx(b.last_duration_h * 3600, abs=1e-6)
+            ]
+            assert b.last_outcome in same, (b, drawn)
+            # and its outcome names its end: at a ceiling, or before the harness timeout
+            model = workload.model
+            ceilings = {
+                Outcome.HARNESS_TIMEOUT: model.harness_timeout_h,
+                Outcome.OVERALL_TIMEOUT: model.overall_budget_h,
+            }
+            if b.last_outcome in ceilings:
+                assert b.last_duration_h == pytest.approx(ceilings[b.last_outcome])
+            else:
+                assert b.last_duration_h < model.harness_timeout_h
             if not queued:
-                assert b.last_ready_h == pytest.approx(b.last_duration_h)
+                # every execution started at its dispatch, so the latest to end is the group's
+                # longest draw
+                assert b.last_duration_h * 3600 == pytest.approx(max(drawn.durations_s), abs=1e-6)
     assert "wave: groups, at a ceiling, queued" in format_readiness(bursts).splitlines()[0]
 
 
