@@ -1,8 +1,9 @@
 """The claim-queue and batch-board contract: one suite, run against every implementation.
 
 Subclasses provide a ``run`` fixture: a `Claims` whose queues and board belong to one run with a
-claim timeout of `TIMEOUT_S`, and a `wait` that lets that much time pass for them (a real sleep
-on Redis, a clock step in memory).
+claim timeout of `TIMEOUT_S`, and a `wait` that lets time pass for them without sleeping (a clock
+step in memory; on Redis, every pending claim made that much older and every heartbeat that much
+shorter). Only `wait` moves them towards the timeout, so no test races the machine's own clock.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from gyre_train.cells import (
 )
 from gyre_train.objective import LossConfig, clip_executions
 
-TIMEOUT_S = 0.3
+# Longer than any test may run (pytest's timeout is 300 s): real time spent between two calls on a
+# loaded machine never makes a claim idle or a heartbeat lapse, only `wait` does.
+TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,12 @@ class ClaimsContract:
         live = [task.message_id for _ in range(24) if (task := queue.claim(0)) is not None]
         silent = queue.claim(1)
         assert len(live) == 24 and silent is not None
-        taken = None
-        for _ in range(40):  # 2 s at most
-            queue.renew(0, live)
-            if (taken := queue.reclaim(2)) is not None:
-                break
-            run.wait(0.05)
+        run.wait(TIMEOUT_S * 0.75)
+        queue.renew(0, live)
+        assert queue.reclaim(2) is None  # the silent claim is not idle long enough yet
+        run.wait(TIMEOUT_S * 0.5)
+        queue.renew(0, live)
+        taken = queue.reclaim(2)
         assert taken is not None and taken.message_id == silent.message_id
         assert queue.reclaim(2) is None  # the live ones were renewed, so they are not idle
 
@@ -99,14 +102,15 @@ class ClaimsContract:
         renewing = queue.claim(2)
         assert silent is not None and renewing is not None
         assert queue.reclaim(3) is None  # nothing idle yet
-        taken = None
-        for _ in range(40):  # 2 s at most
-            assert queue.renew(2, [renewing.message_id]) == {renewing.message_id}
-            if (taken := queue.reclaim(3)) is not None:
-                break
-            run.wait(0.05)
+        run.wait(TIMEOUT_S * 0.75)
+        assert queue.renew(2, [renewing.message_id]) == {renewing.message_id}
+        assert queue.reclaim(3) is None  # three quarters of the timeout: still nothing
+        run.wait(TIMEOUT_S * 0.5)
+        assert queue.renew(2, [renewing.message_id]) == {renewing.message_id}
+        taken = queue.reclaim(3)
         assert taken is not None
         assert (taken.message_id, taken.index, taken.deliveries) == (silent.message_id, silent.index, 2)
+        assert queue.reclaim(3) is None  # the renewed claim is not idle
         # The silent cell learns it lost the claim before it would accumulate the gradient.
         assert queue.renew(1, [silent.message_id]) == frozenset()
         assert {(c.message_id, c.cell) for c in queue.pending()} == {
@@ -195,9 +199,11 @@ class ClaimsContract:
         run.queue(0).renew(1, [])
         run.queue(7).renew(2, [])
         assert board.alive([0, 1, 2]) == {1, 2}
-        run.wait(TIMEOUT_S + 0.05)
+        run.wait(TIMEOUT_S * 0.75)
         run.queue(3).renew(2, [])
-        assert board.alive([0, 1, 2]) == {2}
+        assert board.alive([0, 1, 2]) == {1, 2}  # cell 1's heartbeat is not out yet
+        run.wait(TIMEOUT_S * 0.5)
+        assert board.alive([0, 1, 2]) == {2}  # 1.25 timeouts for cell 1, a half for cell 2
 
     def test_plans_reductions_updates_and_pulls_are_per_batch_and_in_order(self, run: Claims) -> None:
         board = run.board
