@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
 import numpy as np
 import pytest
 
-from gyre_proxy.api import anthropic, openai_chat, openai_responses
 from gyre_proxy.chat import ChatRequest, Message, Role, TextBlock, ToolUseBlock
 from gyre_proxy.exceptions import InvalidRequest
 from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness
@@ -20,6 +18,7 @@ from gyre_proxy.ingest import Ingestor, PayloadCache, Qwen3Template
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import AgentKind, CallFinish
 from gyre_store.trees import ExecutionContext, TrajectoryRecorder
+from tests.unit.proxy.three_apis import translate
 
 # What the policy sampled: odd spacing and an escaped character, as a model may write it.
 SAMPLED = '{"command":  "echo \\u00e9 > a.txt",   "timeout": 5}'
@@ -28,15 +27,6 @@ TOOL = {
     "description": "run",
     "schema": {"type": "object", "properties": {"command": {"type": "string"}}},
 }
-
-
-def translate(api: str, body: dict[str, Any]) -> ChatRequest:
-    raw = msgspec.json.encode({"model": "m", "max_tokens": 100, **body})
-    if api == "anthropic":
-        return anthropic.to_chat_request(anthropic.MESSAGES_DECODER.decode(raw))
-    if api == "openai-chat":
-        return openai_chat.to_chat_request(openai_chat.COMPLETIONS_DECODER.decode(raw))
-    return openai_responses.to_chat_request(openai_responses.RESPONSES_DECODER.decode(raw))[0]
 
 
 def bodies(api: str, arguments: Any) -> tuple[dict[str, Any], dict[str, Any]]:
