@@ -102,8 +102,13 @@ def _reduce_on_core(cell: Cell, batch: int, final: bool) -> tuple[ReducePlan, fl
             cell.board.put_reduced(batch, plan.attempt)
             return plan, loss
         progress.attempt += 1
+        # Wait until a satellite of the failed plan is out (its heartbeat lapsed, at most
+        # claim_timeout_s after it died), or the next plan names it again; renewing the core's
+        # own claims and heartbeat meanwhile. Satellites that died together lapse within a
+        # renewal of each other; one still counted alive fails the next attempt the same way.
+        members = frozenset(plan.cells) - {CORE}
         deadline = time.monotonic() + cell.config.queue.claim_timeout_s
-        while time.monotonic() < deadline:  # keep the core's own claims and heartbeat alive
+        while time.monotonic() < deadline and cell.board.alive(members) == members:
             cell.queue(batch).renew(CORE, progress.held)
             time.sleep(cell.config.queue.poll_s)
 

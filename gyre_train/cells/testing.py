@@ -58,6 +58,15 @@ class InMemoryClaims:
             now = self.clock.now()
             return frozenset(c for c in cells if self._expiry.get(c, now) > now)
 
+    def expire(self, cell: int) -> None:
+        """Now, what the run shows `claim_timeout_s` after `cell` stopped renewing: its heartbeat
+        out and its claims idle enough to take over (a test's dead cell, without the wait)."""
+        with self.lock:
+            idle_since = self.clock.now() - self.config.claim_timeout_s
+            self._expiry.pop(cell, None)
+            for queue in self._queues.values():
+                queue.idle_since(cell, idle_since)
+
 
 @dataclass(slots=True)
 class _Claim:
@@ -139,6 +148,13 @@ class InMemoryMicroStepQueue:
                 if now - claim.delivered_at >= self._claims.config.claim_timeout_s:
                     return self._deliver(cell, message_id, claim.deliveries + 1)
             return None
+
+    def idle_since(self, cell: int, when: float) -> None:
+        """Every claim `cell` holds counts as delivered at `when` (see `InMemoryClaims.expire`)."""
+        with self._lock:
+            for claim in self._pending.values():
+                if claim.cell == cell:
+                    claim.delivered_at = min(claim.delivered_at, when)
 
     def take_over(self, cell: int, message_id: str) -> Task | None:
         with self._lock:

@@ -4,13 +4,16 @@ board, with fake replicas whose gradients are counts of micro-step indices.
 `FakeCollective` stands in for torch.distributed: a reduction completes once every member of the
 plan's prefix is in, and fails for all of them when a member dies inside it (gloo's "connection
 closed by peer"). A fake replica dies by raising `CellKilled` at a chosen point; its thread ends
-without cleanup, so its claims stay pending and its heartbeat expires, as after a SIGKILL.
+without cleanup, so its claims stay pending, and the run is shown at once what it would show a
+claim timeout later (`InMemoryClaims.expire`): its heartbeat out, its claims idle. The timeout
+itself is longer than a test, so a live cell slowed down by a loaded machine never looks dead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +44,9 @@ from gyre_train.objective import ExecutionClip
 from gyre_train.trajectories import MicroStep
 
 WAIT_S = 20.0  # how long a fake collective (and a cell) waits before the test fails
+# No live cell goes this long without renewing, however loaded the machine; a dead one is expired
+# when it dies instead of waited out.
+CLAIM_TIMEOUT_S = 600.0
 Batch = tuple[list[MicroStep], tuple[ExecutionTotals, ...]]
 E = TypeVar("E", bound=Event)
 
@@ -203,6 +209,22 @@ class CellRun:
         return [e.event for e in iterate(self.log) if isinstance(e.event, kind)]
 
 
+def _wait_for_first_claim_joins(claims: InMemoryClaims, bursts: Sequence[BurstPlan], batch: int) -> None:
+    """Block until every satellite that joins `batch` before its first claim is a member."""
+    joining = {
+        cell
+        for burst in bursts
+        for cell, (position, claims_before) in burst.joins.items()
+        if claims_before == 0 and position < len(burst.batches) and burst.batches[position] == batch
+    }
+    deadline = time.monotonic() + WAIT_S
+    while not joining <= claims.board.members(batch):
+        assert time.monotonic() < deadline, (
+            f"cells {sorted(joining - claims.board.members(batch))} never joined"
+        )
+        time.sleep(0.001)
+
+
 def train_in_threads(
     batches: Sequence[Batch],
     bursts: Sequence[BurstPlan],
@@ -211,16 +233,16 @@ def train_in_threads(
     dies_at_gradient: Mapping[int, int] | None = None,
     dies_in_reduce: Collection[int] = (),
     step_delays: Mapping[int, float] | None = None,
-    claim_timeout_s: float = 0.3,
     feed_delay_s: float = 0.0,
 ) -> CellRun:
     """Run K cells (cell 0 the core) as threads over `bursts` while feeding `batches` in order.
 
     Cell c dies at its `dies_at_gradient[c]`-th gradient or, if in `dies_in_reduce`, inside its
     first reduction; `step_delays[c]` slows its gradients. Fails the test on any error other than
-    a planned death, or when a cell does not finish.
+    a planned death, or when a cell does not finish. A batch that satellites join at its first
+    claim is fed once they are in, so they cannot miss its join window.
     """
-    claims = InMemoryClaims(QueueConfig("fake", claim_timeout_s=claim_timeout_s, poll_s=0.002))
+    claims = InMemoryClaims(QueueConfig("fake", claim_timeout_s=CLAIM_TIMEOUT_S, poll_s=0.002))
     collective = FakeCollective()
     log = InMemoryEventLog()
     configs = cell_configs(
@@ -248,6 +270,7 @@ def train_in_threads(
                 run_satellite(cell, tuple(bursts))
         except CellKilled:
             killed.add(config.cell)
+            claims.expire(config.cell)
         except BaseException as exc:  # re-raised in the test's thread below
             errors.append(exc)
 
@@ -255,6 +278,7 @@ def train_in_threads(
     for thread in threads:
         thread.start()
     for batch, (steps, executions) in enumerate(batches):
+        _wait_for_first_claim_joins(claims, bursts, batch)
         enqueue_batch(claims.queue(batch), steps, executions, feed_delay_s)
     for thread in threads:
         thread.join(timeout=2 * WAIT_S)
