@@ -8,12 +8,16 @@
     │   └── PayloadTooLarge
     ├── StreamVersionConflict
     ├── StoreUnavailable
+    │   └── StoreBusy
     └── ProjectionError
         ├── UnknownProjection
         └── NoTrajectoryTree
 
 Driver errors (psycopg) never leave the package: the adapter translates them into
-these with ``raise ... from exc`` so callers handle one tree.
+these with ``raise ... from exc`` so callers handle one tree. ``StoreUnavailable`` (and
+its ``StoreBusy``) is about the database, not what was sent: the same call may succeed
+later. ``StreamVersionConflict`` says another writer got there first. Any other error
+refuses what was sent, and sending the same again fails the same way.
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ class StreamVersionConflict(GyreStoreError):
 
 class StoreUnavailable(GyreStoreError):
     """The database could not be reached, or the connection broke mid-operation."""
+
+
+class StoreBusy(StoreUnavailable):
+    """The database refused the operation for now (a serialization failure, a deadlock, a
+    read-only server after a failover, a lock or a resource it lacks); retry it."""
 
 
 class ProjectionError(GyreStoreError):

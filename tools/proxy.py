@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -86,6 +87,21 @@ def register(subparsers: Any) -> None:
         type=int,
         help="processes sharing the port (SO_REUSEPORT); any of them serves any execution",
     )
+    add_env_argument(
+        serve,
+        "--spool-dir",
+        "GYRE_PROXY_SPOOL_DIR",
+        help="folder where staged records wait on disk until the store takes them; a proxy "
+        "started on it sends what an earlier one left (default: proxy-spool/port-PORT under "
+        "--data-dir; with --workers, one subfolder per worker)",
+    )
+    add_env_argument(
+        serve,
+        "--answers-log",
+        "GYRE_PROXY_ANSWERS_LOG",
+        help="append a JSON line per model-call record staged (execution and request id) to "
+        "this file, to hold the store's records against (default: none)",
+    )
     # Set by `--workers N` on the processes it starts.
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-table", help=argparse.SUPPRESS)
@@ -141,6 +157,11 @@ def run_serve(args: argparse.Namespace) -> int:
         return supervise(args)
     if args.workers < 1:
         raise SystemExit("gyre proxy serve: --workers must be at least 1")
+    spool = (
+        Path(args.spool_dir) if args.spool_dir else Path(args.data_dir) / "proxy-spool" / f"port-{args.port}"
+    )
+    if args.worker_index is not None:
+        spool = spool / f"worker-{args.worker_index}"
     config = ProxyConfig(
         engines=_engines(args),
         model_name=args.model_name,
@@ -149,6 +170,8 @@ def run_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         run_id=args.run,
+        spool_dir=spool,
+        answers_log=Path(args.answers_log) if args.answers_log else None,
     )
     stop = threading.Event()
     # SIGTERM (how a process manager, `gyre run` or a test stops it) ends the serving loop like
@@ -162,28 +185,30 @@ def run_serve(args: argparse.Namespace) -> int:
         sock = reuseport_socket(args.host, args.port)
         worker = f"worker-{args.worker_index}"
     try:
-        with (
-            open_store(args) as opened,
-            ProxyService(opened.log, config, sock=sock, sync=sync, worker=worker) as service,
-        ):
-            if args.gc_threshold > 0:
-                tune_gc(args.gc_threshold)
-            follower = threading.Thread(target=service.follow, args=(stop,), daemon=True)
-            follower.start()
-            engines = ", ".join(n for n, _ in config.engines)
-            who = "" if worker is None else f" ({worker}, pid {os.getpid()})"
-            console.print(f"gyre proxy on {service.base_url}{who} -> {engines}")
-            parent = os.getppid()
-            try:
-                # A worker also stops when the process that started it is gone.
-                while not stop.wait(1.0):
-                    if worker is not None and os.getppid() != parent:
-                        break
-            except KeyboardInterrupt:
-                pass
-            stop.set()
-            follower.join(timeout=5)  # it reads the log, which closes next
-            # Leaving the block writes what the spool still holds before the store closes.
+        with open_store(args) as opened:
+            # A spool folder keeps its records for the database they were staged for.
+            config = dataclasses.replace(config, spool_store=opened.services.database_url.split("@")[-1])
+            with ProxyService(opened.log, config, sock=sock, sync=sync, worker=worker) as service:
+                if args.gc_threshold > 0:
+                    tune_gc(args.gc_threshold)
+                follower = threading.Thread(target=service.follow, args=(stop,), daemon=True)
+                follower.start()
+                engines = ", ".join(n for n, _ in config.engines)
+                who = "" if worker is None else f" ({worker}, pid {os.getpid()})"
+                console.print(
+                    f"gyre proxy on {service.base_url}{who} -> {engines}; records spooled in {spool}"
+                )
+                parent = os.getppid()
+                try:
+                    # A worker also stops when the process that started it is gone.
+                    while not stop.wait(1.0):
+                        if worker is not None and os.getppid() != parent:
+                            break
+                except KeyboardInterrupt:
+                    pass
+                stop.set()
+                follower.join(timeout=5)  # it reads the log, which closes next
+                # Leaving the block writes what the spool still holds before the store closes.
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

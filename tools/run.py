@@ -218,8 +218,12 @@ class LiveRun:
         run = ["--run", self.run_id]
         commands = {
             **self._nodes(gyre, run),
+            # Every life of the proxy spools to the run's folder, so the next one sends what a
+            # killed one left; the answers log is what the store's records are held against.
             "proxy": [*gyre, "proxy", "serve", *run, "--port", str(port), "--harness", self.config.harness,
-                      "--context-limit", str(self.config.model.max_context)],
+                      "--context-limit", str(self.config.model.max_context),
+                      "--spool-dir", str(Path(self.config.run_dir) / "proxy-spool"),
+                      "--answers-log", str(logs / "proxy-answers.jsonl")],
             "launcher": [*gyre, "launcher", "serve", *run, "--proxy-url", self.proxy_url],
             "evaluator": [*gyre, "evaluator", "serve", *run],
             "controller": [*gyre, "controller", "serve", *run],

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gyre_proxy.api import anthropic as anthropic_api
@@ -45,9 +45,10 @@ def build_app(
     stream_start_timeout_s: float = 5.0,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     evaluations: EvaluationGateway | None = None,
+    counters: Callable[[], Mapping[str, int]] | None = None,
 ) -> Starlette:
     """The Starlette app serving the Anthropic Messages, OpenAI Chat Completions and OpenAI
-    Responses APIs over ``answerer``, and ``/health``;
+    Responses APIs over ``answerer``, and ``/health`` (with ``counters()`` beside its status);
     with ``evaluations``, also gyre's ``/gyre/v1/evaluate`` for executions asking for one.
 
     ``on_shutdown`` runs on the server's event loop as it stops (engine clients opened on
@@ -56,7 +57,9 @@ def build_app(
     settings = ApiSettings(model_name, max_body_bytes, ping_interval_s, stream_start_timeout_s)
 
     async def health(request: Request) -> Response:
-        return Response(b'{"status":"ok"}', media_type="application/json")
+        if counters is None:
+            return Response(b'{"status":"ok"}', media_type="application/json")
+        return JSONResponse({"status": "ok", **counters()})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # Unknown paths and methods answer in the shape of the API the client speaks.

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +24,7 @@ from gyre_proxy.api.errors import as_api_error
 from gyre_proxy.exceptions import ApiError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 SSE_MEDIA_TYPE = "text/event-stream"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -149,12 +151,30 @@ class EventPump(Generic[T]):
         with anyio.CancelScope(shield=True):
             if reader is not None and not reader.done():
                 reader.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(asyncio.CancelledError):  # the read it was stopped in
                     await reader
+            # The source's cleanup runs in the cancelled read (or in ``aclose`` below): the
+            # answerer stops its engine and stages the partial record there. An error in it
+            # is never delivered to anyone now, so it is logged here, or the record it was
+            # staging would vanish without a trace.
+            while self._items:
+                item = self._items.popleft()
+                if isinstance(item, _Raised):
+                    _cleanup_failed(item.error)
             aclose = getattr(self._source, "aclose", None)
             if aclose is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await aclose()
+                except Exception as exc:
+                    _cleanup_failed(exc)
+
+
+def _cleanup_failed(error: Exception) -> None:
+    log.error(
+        "an answer's stream failed while it was being closed (its client gone or its response "
+        "over): the record of that call may be lost: %s: %s",
+        type(error).__name__, error, exc_info=error,
+    )  # fmt: skip
 
 
 class _Raised:

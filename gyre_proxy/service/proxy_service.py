@@ -9,11 +9,13 @@ routing changes, and where each execution was placed.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +36,8 @@ FOLLOWED = ("engine.registered", "engine.routing_changed", "execution.started", 
 FOLLOW_RETRY_S = 1.0  # between reads while PostgreSQL is unavailable
 WORKER_HEADER = "x-gyre-proxy-worker"
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
@@ -47,6 +51,13 @@ class ProxyConfig:
     # holds one, so fewer would queue generations behind each other.
     engine_connections: int = 1024
     run_id: str | None = None  # serve this live run's registered engines too
+    # Where staged records wait until the store takes them (``RecordSpool``); None: in memory
+    # only, lost if the process dies. One folder per proxy process; the next one on it sends
+    # what this one left.
+    spool_dir: Path | None = None
+    spool_store: str = ""  # the store the records are for (its URL without credentials)
+    answers_log: Path | None = None  # a JSON line per model-call record staged (``AnswerLog``)
+    replay_wait_s: float = 30.0  # how long serving waits for the records a predecessor left
 
 
 class ProxyService:
@@ -75,7 +86,15 @@ class ProxyService:
         ]
         self.router = Router(self.clients, lookup=self._placement)
         recorder = TrajectoryRecorder(log)
-        self.spool = RecordSpool(recorder, on_written=None if sync is None else sync.written)
+        self.spool = RecordSpool(
+            recorder,
+            directory=config.spool_dir,
+            store=config.spool_store,
+            answers_log=config.answers_log,
+            on_written=None if sync is None else sync.written,
+            # Other workers wait for a record staged here; one sent again for a predecessor too.
+            on_replayed=None if sync is None else sync.staged,
+        )
         self.critiques = CritiqueBook(log)
         self.ingestor = Ingestor(
             recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness), self.critiques
@@ -91,11 +110,16 @@ class ProxyService:
             model_name=config.model_name,
             on_shutdown=self._close_clients,
             evaluations=self.evaluations,
+            counters=self._counters,
         )
         served: Any = (
             self.app if worker is None else with_header(self.app, WORKER_HEADER, f"{worker} {os.getpid()}")
         )
         self.server = proxy_server(served, host=config.host, port=config.port, sock=sock)
+
+    def _counters(self) -> dict[str, int]:
+        """What /health reports beside its status: the record spool's counters."""
+        return {f"spool_{name}": value for name, value in self.spool.stats().items()}
 
     async def _close_clients(self) -> None:
         for _, client in list(self.clients):
@@ -149,6 +173,13 @@ class ProxyService:
         return self.server.base_url
 
     def __enter__(self) -> ProxyService:
+        if self.spool.replayed and not self.spool.flush(self.config.replay_wait_s):
+            # Served before they are in the log, the executions they belong to would be read
+            # back without them; they go on being retried meanwhile.
+            log.warning(
+                "proxy: %d records left by an earlier process are not written after %.0f s; serving anyway",
+                self.spool.pending, self.config.replay_wait_s,
+            )  # fmt: skip
         self.server.__enter__()
         return self
 

@@ -31,6 +31,7 @@ from gyre_store.catalog.evaluation import (
 from gyre_store.catalog.live import (
     EngineRegistered,
     ExecutionStartRequested,
+    RecordQuarantined,
     RunConfigured,
     TaskDefined,
     TaskSplit,
@@ -146,6 +147,7 @@ __all__ = [
     "PlaceholderInserted",
     "Positive",
     "Provenance",
+    "RecordQuarantined",
     "RequestMoved",
     "RewardAssigned",
     "RunConfigured",

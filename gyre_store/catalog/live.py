@@ -4,7 +4,8 @@ Processes of a live run find each other through the log: a run's tasks are defin
 (the launcher builds workspaces from them, evaluator workers run their tests), rollout
 engines announce where they serve (the proxy routes to them, the publisher sends them
 weights), and the controller's start decisions become launch requests the launcher carries
-out. Each fact is appended by the component that knows it.
+out. Each fact is appended by the component that knows it. The proxy's note of a record the
+store refused for good is here too: it is about the run's plumbing, not its content.
 """
 
 from __future__ import annotations
@@ -78,3 +79,21 @@ class RunConfigured(Event, frozen=True, kw_only=True):
 
     run_id: Ident
     config_toml: str
+
+
+@REGISTRY.register("record.quarantined", stream="quarantine", key="record_stream")
+class RecordQuarantined(Event, frozen=True, kw_only=True):
+    """The proxy's record spool set aside an event the store refused for good (``error``): event
+    ``record_id`` of type ``record_type`` on stream ``record_stream``, with idempotency key
+    ``record_key``. The event itself is one JSON line of the file ``dead_letter`` on ``host``
+    (empty: it could not be kept), to be read, fixed and appended again; the spool went on
+    writing the events behind it."""
+
+    record_stream: str
+    record_type: str
+    record_id: str
+    record_key: str = ""
+    run_id: str | None = None
+    error: str
+    dead_letter: str
+    host: str = ""

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from gyre_store.config import StoreConfig
-from gyre_store.exceptions import GyreStoreError, StoreUnavailable, StreamVersionConflict
+from gyre_store.exceptions import GyreStoreError, StoreBusy, StoreUnavailable, StreamVersionConflict
 from gyre_store.log import queries
 from gyre_store.log.events import (
     REGISTRY,
@@ -40,8 +40,27 @@ def _raw_json(data: Any) -> Any:
     return data
 
 
+# SQLSTATEs that are about the server's state, not what was sent: the same statement may
+# succeed when retried. (psycopg files most of them under OperationalError, together with
+# 54xxx "program limit exceeded", which no retry fixes.)
+_BUSY_STATES = frozenset({
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "25006",  # read_only_sql_transaction: connected to a standby, e.g. just after a failover
+    "55P03",  # lock_not_available
+    "57014",  # query_canceled: by an operator, or a statement timeout while a lock is held
+})  # fmt: skip
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})  # shutdowns, too many connections
+
+
 def translate(exc: psycopg.Error) -> GyreStoreError:
-    """Map a driver error to the store's exception tree."""
+    """Map a driver error to the store's exception tree.
+
+    ``StoreUnavailable`` (connection lost or refused, the server shutting down) and its
+    ``StoreBusy`` (the server refused for now: see ``_BUSY_STATES``, insufficient resources,
+    a system error) may succeed when retried; everything else is a refusal of what was sent
+    (bad data, a constraint, a limit) or of the caller (privileges, schema) and is not.
+    """
     state = getattr(exc, "sqlstate", None)
     if state == "GY409":
         detail = (exc.diag.message_detail or "").split("|", 3)
@@ -63,8 +82,13 @@ def translate(exc: psycopg.Error) -> GyreStoreError:
             expected=-1,
             actual=-1,
         )
-    if isinstance(exc, psycopg.OperationalError | psycopg.errors.AdminShutdown):
+    if state is None:  # raised by the client: no connection, or it broke (a pool timeout too)
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
+    elif state[:2] == "08" or state in _UNAVAILABLE_STATES:
         return StoreUnavailable(f"PostgreSQL is unavailable: {exc}")
+    elif state in _BUSY_STATES or state[:2] in ("53", "58"):  # insufficient resources, system error
+        return StoreBusy(f"PostgreSQL refused for now ({state}); a retry may succeed: {exc}")
     return GyreStoreError(f"database error ({state}): {exc}")
 
 
@@ -155,21 +179,21 @@ class PostgresEventLog:
                     if len(encoded) >= self.config.copy_threshold:
                         return self._append_copy(conn, encoded)
                     return self._append_function(conn, encoded)
-            except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
+            except psycopg.Error as exc:
+                error = translate(exc)
+                if not isinstance(error, StoreUnavailable):
+                    raise error from exc  # a refusal (or a conflict): the same batch fails again
                 if not retryable:
+                    if isinstance(error, StoreBusy):
+                        raise error from exc  # refused and rolled back: nothing committed
                     raise StoreUnavailable(
                         f"PostgreSQL became unavailable during an append ({exc}); the batch may or may "
                         "not have committed and has no idempotency keys, so it is not retried"
                     ) from exc
                 if time.monotonic() + backoff > deadline:
-                    raise StoreUnavailable(
+                    raise type(error)(
                         f"PostgreSQL unavailable for {retry.give_up_after_s:.0f}s; giving up: {exc}"
                     ) from exc
-            except psycopg.Error as exc:
-                raise translate(exc) from exc
-            except PoolTimeout as exc:
-                if not retryable or time.monotonic() + backoff > deadline:
-                    raise StoreUnavailable(f"no database connection available: {exc}") from exc
             time.sleep(backoff)
             backoff = min(backoff * 2, retry.max_backoff_s)
 

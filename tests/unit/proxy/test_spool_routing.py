@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from gyre_proxy.answer import Router
 from gyre_proxy.engines.testing import FakeEngine
 from gyre_proxy.ingest import RecordSpool
-from gyre_store import ExecutionStarted, GyreStoreError, MalformedEvent, NewEvent
+from gyre_store import ExecutionStarted, MalformedEvent, NewEvent, StoreBusy
 from gyre_store.log import AppendResult
 
 
 class FlakyRecorder:
-    """Fails the first ``failures`` writes with a store error, refuses records marked bad."""
+    """Fails the first ``failures`` writes as a read-only server does (just after a failover),
+    refuses records marked bad for good."""
 
     def __init__(self, failures: int) -> None:
         self.failures = failures
@@ -22,10 +23,10 @@ class FlakyRecorder:
     def write(self, records: Sequence[NewEvent]) -> list[AppendResult]:
         if self.failures:
             self.failures -= 1
-            raise GyreStoreError("cannot execute INSERT in a read-only transaction")
-        if any(r.event.engine == "bad" for r in records):  # type: ignore[attr-defined]
+            raise StoreBusy("cannot execute INSERT in a read-only transaction")
+        if any(getattr(r.event, "engine", "") == "bad" for r in records):
             raise MalformedEvent("refused")
-        self.written += [r.event.execution_id for r in records]  # type: ignore[attr-defined]
+        self.written += [getattr(r.event, "execution_id", r.event.event_type) for r in records]
         return [AppendResult(i + 1, 1, False) for i in range(len(records))]
 
     def forget(self, execution_id: str) -> None:
@@ -43,17 +44,20 @@ def test_store_errors_are_retried_until_the_records_are_written() -> None:
         spool.submit(record(ex))
     assert spool.flush(10)
     spool.close()
-    assert recorder.written == ["a", "b", "c"] and spool.retries == 3 and spool.dropped == 0
+    assert recorder.written == ["a", "b", "c"] and spool.retries == 3 and spool.quarantined == 0
 
 
-def test_a_refused_record_is_dropped_alone_and_its_execution_forgotten() -> None:
+def test_a_refused_record_is_set_aside_alone_and_its_execution_forgotten() -> None:
     recorder = FlakyRecorder(failures=0)
     spool = RecordSpool(recorder, linger_s=0.2)  # type: ignore[arg-type]
     for r in (record("a"), record("b", engine="bad"), record("c")):
         spool.submit(r)
     assert spool.flush(10)
     spool.close()
-    assert recorder.written == ["a", "c"] and spool.dropped == 1 and recorder.forgotten == ["b"]
+    # Without a spool folder there is no dead-letter file: the refused record is counted lost,
+    # and the note saying so is written after the others.
+    assert recorder.written == ["a", "c", "record.quarantined"]
+    assert spool.lost == 1 and spool.quarantined == 0 and recorder.forgotten == ["b"]
 
 
 def test_a_failed_engine_never_leaves_an_execution_without_a_choice() -> None:
