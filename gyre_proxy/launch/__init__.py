@@ -6,7 +6,7 @@ It carries out start requests; it does not decide them, nor score what the harne
 
 from __future__ import annotations
 
-from gyre_proxy.launch.launcher import FOLLOWED, Launcher, LauncherConfig, Running, default_root, serves
+from gyre_proxy.launch.launcher import FOLLOWED, Launcher, LauncherConfig, Running, default_root
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 
 __all__ = [
@@ -19,5 +19,4 @@ __all__ = [
     "default_root",
     "prepare",
     "safe_name",
-    "serves",
 ]

@@ -44,7 +44,7 @@ from gyre_store import (
     FinishReason,
     TaskDefined,
 )
-from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, read_to_head
+from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, RunFollower, base_run
 
 FOLLOWED = ("task.defined", "execution.start_requested", "execution.started", "execution.finished")
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")  # the launcher's own secrets stay here
@@ -74,17 +74,6 @@ class Running:
     deadline: float
 
 
-def base_run(run_id: str) -> str:
-    """The run a side run ``<run>~<name>`` belongs to (a run is its own base)."""
-    return run_id.split("~", 1)[0]
-
-
-def serves(run_id: str, candidate: str) -> bool:
-    """Whether the launcher of ``run_id`` handles ``candidate``'s executions: the run itself
-    and its side runs (``<run>~<name>``, such as held-out evaluations)."""
-    return candidate == run_id or candidate.startswith(run_id + "~")
-
-
 class Launcher:
     """Follows one run's start requests; ``run(stop)`` until stopped, ``step()`` once."""
 
@@ -107,13 +96,14 @@ class Launcher:
         self._finished: set[str] = set()
         self._running: dict[str, Running] = {}
         self._run_of: dict[str, str] = {}
-        self._after = 0
+        # The run's events and its side runs' (held-out evaluations, say).
+        self._follower = RunFollower(log, config.run_id, FOLLOWED, self._note)
         self._recover()
 
     # -- state from the log ------------------------------------------------------------------
 
     def _recover(self) -> None:
-        self._read_new()
+        self._follower.read_new()
         for execution_id in sorted(self._started - self._finished):
             if execution_id in self._running:
                 continue
@@ -130,16 +120,9 @@ class Launcher:
                 "the launcher restarted: the harness process was lost",
             )
 
-    def _read_new(self) -> None:
-        events, self._after = read_to_head(self.log, self._after, types=FOLLOWED)
-        for recorded in events:
-            self._note(recorded)
-
     def _note(self, recorded: RecordedEvent) -> None:
         event = recorded.event
         run_id = getattr(event, "run_id", "")
-        if not serves(self.config.run_id, run_id):
-            return
         match event:
             case TaskDefined(task_id=task_id):
                 self._tasks[(run_id, task_id)] = event
@@ -163,7 +146,7 @@ class Launcher:
 
     def step(self) -> None:
         """Read new requests, start what is pending, and reap or kill what ended."""
-        self._read_new()
+        self._follower.read_new()
         limit = self.config.max_running
         for execution_id in list(self._pending):
             if limit and len(self._running) >= limit:
@@ -182,9 +165,7 @@ class Launcher:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then kill what still runs and record it as cancelled."""
         try:
-            while not stop.is_set():
-                self.step()
-                self.log.wait(self._after, self.config.poll_s)
+            self._follower.run(stop, self.step, self.config.poll_s)
         finally:
             for execution_id, run in list(self._running.items()):
                 self._kill(run)

@@ -21,6 +21,7 @@ from gyre_store.log.events import (
     StreamId,
     Upcaster,
 )
+from gyre_store.log.follow import RunFollower, base_run, serves
 from gyre_store.log.interface import EventLog, iterate, read_to_head, subscribe
 from gyre_store.log.payload import Payload
 from gyre_store.log.postgres import PostgresEventLog
@@ -39,9 +40,12 @@ __all__ = [
     "Payload",
     "PostgresEventLog",
     "RecordedEvent",
+    "RunFollower",
     "StreamId",
     "Upcaster",
+    "base_run",
     "iterate",
     "read_to_head",
+    "serves",
     "subscribe",
 ]

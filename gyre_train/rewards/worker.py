@@ -36,7 +36,7 @@ from gyre_store import (
     catch_up,
     evaluation_projections,
 )
-from gyre_store.log import EventMetadata, read_to_head
+from gyre_store.log import EventMetadata, RunFollower, base_run
 from gyre_train.exceptions import GyreTrainError, InvalidConfigError
 from gyre_train.rewards.evaluation import (
     EvaluationConfig,
@@ -72,11 +72,6 @@ class WorkerConfig:
             raise InvalidConfigError("threads must be >= 1 and settle_window_s positive")
 
 
-def serves(run_id: str, candidate: str) -> bool:
-    """The run itself and its side runs (``<run>~<name>``, such as held-out evaluations)."""
-    return candidate == run_id or candidate.startswith(run_id + "~")
-
-
 class EvaluatorWorker:
     """Follows one run; ``step()`` handles what is new, ``run(stop)`` loops until stopped."""
 
@@ -99,7 +94,8 @@ class EvaluatorWorker:
         self._inflight: dict[str, Future[EvaluationOutcome]] = {}
         self._announced: set[str] = set()
         self._asked: list[Future[None]] = []  # intermediate evaluations executions asked for
-        self._after = 0
+        # The run's events and its side runs' (held-out evaluations, say).
+        self._follower = RunFollower(log, config.run_id, FOLLOWED, self._note)
         self.settled = 0
 
     def close(self) -> None:
@@ -110,9 +106,7 @@ class EvaluatorWorker:
     def step(self) -> int:
         """Read new events, start evaluations of newly finished executions, collect finished
         evaluations and announce ready groups; returns how many outcomes were collected."""
-        events, self._after = read_to_head(self.log, self._after, types=FOLLOWED)
-        for recorded in events:
-            self._note(recorded)
+        self._follower.read_new()
         for asked in [f for f in self._asked if f.done()]:
             self._asked.remove(asked)
             asked.result()
@@ -126,9 +120,7 @@ class EvaluatorWorker:
 
     def run(self, stop: threading.Event) -> None:
         try:
-            while not stop.is_set():
-                self.step()
-                self.log.wait(self._after, self.config.poll_s)
+            self._follower.run(stop, self.step, self.config.poll_s)
         finally:
             self.close()
 
@@ -139,16 +131,11 @@ class EvaluatorWorker:
     def _note(self, recorded: RecordedEvent) -> None:
         event = recorded.event
         run_id = getattr(event, "run_id", "")
-        if not serves(self.config.run_id, run_id):
-            return
         match event:
             case TaskDefined(task_id=task_id):
                 self._tasks[(run_id, task_id)] = event
             case ExecutionStartRequested(execution_id=execution_id, task_id=task_id):
-                self._task_of[execution_id] = (
-                    run_id.split("~", 1)[0],
-                    task_id,
-                )  # a side run's tasks are its run's
+                self._task_of[execution_id] = (base_run(run_id), task_id)  # a side run's tasks are its run's
             case ExecutionDispatched(execution_id=execution_id):
                 if run_id == self.config.run_id:
                     self._grouped.add(execution_id)

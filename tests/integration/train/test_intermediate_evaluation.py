@@ -10,8 +10,6 @@ admission never trains on them.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import psycopg
@@ -23,16 +21,12 @@ from gyre_proxy.launch import Launcher, LauncherConfig
 from gyre_store import (
     EvaluationRecorded,
     EvaluationRequested,
-    ExecutionDispatched,
     ExecutionFinished,
-    ExecutionStartRequested,
-    NewEvent,
     PostgresEventLog,
     PostgresProjectionStore,
     ProjectionSet,
     StoreConfig,
     StreamId,
-    TaskDefined,
     TaskSplit,
     catch_up,
     evaluation_projections,
@@ -40,8 +34,9 @@ from gyre_store import (
 from gyre_store.catalog import Provenance
 from gyre_store.trees import TreeProjection, TreeView
 from gyre_train import EvaluatorWorker, WorkerConfig
-from gyre_train.tasks import CHECK_COMMAND, family, instances
+from gyre_train.tasks import family, instances
 from gyre_train.trajectories import stored_execution
+from tests.integration.train.launch_and_score import has_event, request_execution, run_until
 
 RUN = "ask-run"
 
@@ -74,45 +69,26 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
         ReferenceEngineServer(engine_config) as engine,
         PostgresEventLog(StoreConfig(database_url)) as log,
     ):
-        task = TaskDefined(
-            run_id=RUN, task_id="t0", split=TaskSplit.TRAIN, prompt=instance.prompt, files=instance.files,
-            tests=instance.tests, test_command=CHECK_COMMAND, budget_s=120.0, family="copy-line",
-        )  # fmt: skip
-        log.append(
-            [
-                NewEvent(task),
-                NewEvent(
-                    ExecutionDispatched(
-                        execution_id="ask-e0", run_id=RUN, group_id="ask-g0", policy_version=0
-                    )
-                ),
-                NewEvent(
-                    ExecutionStartRequested(execution_id="ask-e0", run_id=RUN, task_id="t0", engine="pool")
-                ),
-            ]
-        )
+        request_execution(log, instance, run_id=RUN, execution_id="ask-e0", group_id="ask-g0", budget_s=120.0)
         store = PostgresProjectionStore(
             log.pool, ProjectionSet([TreeProjection(), *evaluation_projections()]).tables()
         )
         config = ProxyConfig(engines=[("e0", engine.base_url)], harness="builtin", context_limit=8192)
-        stop = threading.Event()
         with ProxyService(log, config) as proxy:
             launcher = Launcher(
                 log, LauncherConfig(run_id=RUN, proxy_url=proxy.base_url, root=tmp_path / "ws"),
                 plugin=BuiltinHarness(max_turns=5),
             )  # fmt: skip
             worker = EvaluatorWorker(log, store, WorkerConfig(run_id=RUN))
-            threads = [threading.Thread(target=t.run, args=(stop,)) for t in (launcher, worker)]
-            for thread in threads:
-                thread.start()
-            try:
-                deadline = time.monotonic() + 180
-                while not _finished(log) and time.monotonic() < deadline:
-                    time.sleep(0.2)
-            finally:
-                stop.set()
-                for thread in threads:
-                    thread.join(60)
+            finished = StreamId("execution", "ask-e0")
+            run_until(
+                launcher,
+                worker,
+                lambda: has_event(log, finished, ExecutionFinished),
+                timeout_s=180,
+                poll_s=0.2,
+                join_s=60,
+            )
             proxy.spool.flush()
 
         history = [r.event for r in log.read_stream(StreamId("evaluation", "ask-e0"))]
@@ -141,9 +117,3 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
                 "SELECT coalesce(sum(critique_tokens), 0) FROM gyre_critique_tokens_v WHERE execution_id = 'ask-e0'"
             ).fetchone()  # type: ignore[misc]
         assert shown == critique_tokens
-
-
-def _finished(log: PostgresEventLog) -> bool:
-    return any(
-        isinstance(r.event, ExecutionFinished) for r in log.read_stream(StreamId("execution", "ask-e0"))
-    )
