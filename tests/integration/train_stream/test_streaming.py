@@ -37,7 +37,7 @@ from gyre_train.cells import (
     enqueue_batch,
     synthetic_batch,
 )
-from tests.integration.train_stream.conftest import wait_for_members
+from tests.integration.train_stream.conftest import elapse, wait_for_members
 from tests.integration.train_stream.magnitudes import check_updates
 from tests.real_servers import mooncake_missing, unavailable
 
@@ -48,6 +48,12 @@ SGD = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.0)
 ADAMW = OptimizerConfig(lr=1e-2)
 OPTIMIZERS = {"sgd": SGD, "adamw": ADAMW}
 DATA = SyntheticBatchConfig(groups=2, executions=4, max_rows=2)
+# Longer than a test runs: a live cell slowed down by a loaded machine never looks dead. A killed
+# one is made to look as it would a claim timeout later (`elapse`) when the test decides.
+CLAIM_TIMEOUT_S = 600.0
+# A cell index no process has: a board member the test keeps alive (one renewal lasts the whole
+# claim timeout) and undrained, so the core cannot plan the reduction until it lets it lapse.
+HOLD = 99
 
 
 def _updates(events: list[object]) -> list[TrainingUpdate]:
@@ -95,8 +101,9 @@ def test_streaming_with_joining_satellites_equals_one_process(
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp)
         configs = cell_configs(
-            cells=3, redis_url=redis_url, port=free_port(), model=SPEC, prefix=prefix,
-            optimizer=OPTIMIZERS[optimizer], transport=transport, output_dir=output, database_url=database_url,
+            cells=3, redis_url=redis_url, port=free_port(), model=SPEC,
+            queue=QueueConfig(prefix, claim_timeout_s=CLAIM_TIMEOUT_S), optimizer=OPTIMIZERS[optimizer],
+            transport=transport, output_dir=output, database_url=database_url,
         )  # fmt: skip
         with CellCluster(configs, bursts) as cluster:
             for b, (steps, executions) in enumerate(batches):
@@ -120,25 +127,30 @@ def test_a_satellite_killed_mid_batch_leaves_the_update_equal(
     data = dataclasses.replace(DATA, groups=4)
     batch = synthetic_batch(5, 0, data)
     steps, executions = batch
-    queue_config = QueueConfig(prefix, claim_timeout_s=1.0)
+    queue_config = QueueConfig(prefix, claim_timeout_s=CLAIM_TIMEOUT_S)
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp)
         configs = cell_configs(
             cells=3, redis_url=redis_url, port=free_port(), model=SPEC, queue=queue_config,
             optimizer=ADAMW, output_dir=output, database_url=database_url,
         )  # fmt: skip
-        # Gradients are slowed down (satellite 2 most), so satellite 2 is caught holding claims
-        # it has accumulated and one it is computing.
-        configs = [dataclasses.replace(c, step_delay_s=0.3 if c.cell == 2 else 0.1) for c in configs]
+        # Gradients are slowed down, satellite 2's least: it takes most of the gradient tasks, so
+        # it is caught holding claims it has accumulated and one it is computing (it would have to
+        # stand still for seconds while the others take 0.3 s a task to get fewer than two).
+        configs = [dataclasses.replace(c, step_delay_s=0.1 if c.cell == 2 else 0.3) for c in configs]
         bursts = [BurstPlan(batches=(0,), joins={1: (0, 0), 2: (0, 0)})]
         queue = RedisMicroStepQueue(redis_client, queue_config, 0)
+        board = RedisBatchBoard(redis_client, queue_config)
         with CellCluster(configs, bursts) as cluster:
+            wait_for_members(board, 0, {1, 2})  # every satellite is in before the first claim
             enqueue_batch(queue, steps, executions)
             deadline = time.monotonic() + 60
             while sum(c.cell == 2 for c in queue.pending() if queue.clip() is not None) < 2:
                 assert time.monotonic() < deadline, "satellite 2 never held two gradient claims"
                 time.sleep(0.005)
             cluster.kill(2)
+            # What the others see a claim timeout after the kill: its heartbeat out, its claims idle.
+            elapse(redis_client, prefix, CLAIM_TIMEOUT_S, cells={2})
             cluster.wait(timeout_s=120)
         events = _events(pg_log)
         check_updates(output, SPEC, ADAMW, [batch], _updates(events))
@@ -161,23 +173,26 @@ def test_a_satellite_killed_after_draining_leaves_the_update_equal(
     victim = cells - 1
     batch = synthetic_batch(6, 0, dataclasses.replace(DATA, groups=4))
     steps, executions = batch
-    # Its heartbeat outlives it by 3 s: the core plans with it and the reduction fails; with
-    # three cells the live satellite 1 must then reduce again under the newer plan.
-    queue_config = QueueConfig(prefix, claim_timeout_s=3.0)
+    # Its heartbeat outlives it: the core plans with it and the reduction fails; with three
+    # cells the live satellite 1 must then reduce again under the newer plan.
+    queue_config = QueueConfig(prefix, claim_timeout_s=CLAIM_TIMEOUT_S)
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp)
         configs = cell_configs(
             cells=cells, redis_url=redis_url, port=free_port(), model=SPEC, queue=queue_config,
             optimizer=ADAMW, output_dir=output, database_url=database_url,
         )  # fmt: skip
-        # The core is slow, so the satellites drain (report what they hold) long before the
-        # core can plan the reduction, and the victim dies in between.
-        configs = [dataclasses.replace(c, step_delay_s=0.5 if c.cell == 0 else 0.0) for c in configs]
+        # The victim is the one fast cell, so it drains holding gradients (it would have to stand
+        # still for seconds while the others take 0.2 s a task to hold none).
+        configs = [dataclasses.replace(c, step_delay_s=0.0 if c.cell == victim else 0.2) for c in configs]
         queue = RedisMicroStepQueue(redis_client, queue_config, 0)
         board = RedisBatchBoard(redis_client, queue_config)
         joins = {s: (0, 0) for s in range(1, cells)}
         with CellCluster(configs, [BurstPlan(batches=(0,), joins=joins)]) as cluster:
             wait_for_members(board, 0, set(joins))  # every satellite is in before the first claim
+            version = board.opened(0)
+            assert version is not None and board.join(0, HOLD, version)
+            queue.renew(HOLD, [])  # the core cannot plan until HOLD lapses
             enqueue_batch(queue, steps, executions)
             deadline = time.monotonic() + 60
             while victim not in board.drained(0):
@@ -185,6 +200,14 @@ def test_a_satellite_killed_after_draining_leaves_the_update_equal(
                 time.sleep(0.005)
             assert board.plan(0) is None and board.drained(0)[victim]  # it holds gradients, no plan yet
             cluster.kill(victim)
+            elapse(redis_client, prefix, CLAIM_TIMEOUT_S, cells={HOLD})  # the core may plan now
+            while (plan := board.plan(0)) is None:
+                assert time.monotonic() < deadline, "the core never planned"
+                time.sleep(0.005)
+            assert victim in plan.cells  # planned while the dead victim's heartbeat still counted
+            # Now the victim lapses, as a claim timeout after its death: the core, whose reduction
+            # failed, takes its claims over and plans again.
+            elapse(redis_client, prefix, CLAIM_TIMEOUT_S, cells={victim})
             cluster.wait(timeout_s=120)
         events = _events(pg_log)
         check_updates(output, SPEC, ADAMW, [batch], _updates(events))
