@@ -11,7 +11,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-import httpx
 import numpy as np
 import pytest
 from safetensors.torch import load, save
@@ -26,19 +25,26 @@ from gyre_proxy.engines import (
     KvPayload,
     SamplingConfig,
 )
-from gyre_proxy.engines.refengine import DEFAULT_MODEL_CONFIG, ModelSource, ReferenceEngineConfig
+from gyre_proxy.engines.refengine import ReferenceEngineConfig
 from gyre_proxy.engines.refengine import ReferenceEngineServer as Server
 from gyre_proxy.engines.refengine.decode_loop import PIN_ABORT_MESSAGE
 from gyre_proxy.engines.refengine.kvstore import KvLimits
 from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT, serialize_safetensors
 from gyre_proxy.engines.wire import read_kv_payload
+from tests.integration.proxy.kv_engines import (
+    CONTEXT,
+    GREEDY,
+    OTHER,
+    SAME,
+    Streaming,
+    continues_like_a_full_prefill,
+    raw_generate,
+    start_streaming,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-CONTEXT = 1024
 PROMPT = [int(x) for x in np.random.default_rng(7).integers(3, 250, size=120)]
-LONG = SamplingConfig(max_new_tokens=800, temperature=0.0, ignore_eos=True)
-GREEDY = SamplingConfig(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 
 
 @dataclass(frozen=True)
@@ -51,11 +57,7 @@ class Engines:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[Engines]:
-    same = ReferenceEngineConfig(max_context=CONTEXT, seed=0)
-    other = ReferenceEngineConfig(
-        max_context=CONTEXT, source=ModelSource(config={**DEFAULT_MODEL_CONFIG, "num_hidden_layers": 3})
-    )
-    with Server(same) as a, Server(same) as b, Server(same) as c, Server(other) as d:
+    with Server(SAME) as a, Server(SAME) as b, Server(SAME) as c, Server(OTHER) as d:
         yield Engines(a, b, c, d)
 
 
@@ -71,53 +73,6 @@ async def clients(engines: Engines) -> AsyncIterator[tuple[EngineClient, ...]]:
     yield tuple(made)
     for client in made:
         await client.aclose()
-
-
-@dataclass
-class Streaming:
-    """A request streaming on an engine: what it has produced so far, and its end."""
-
-    rid: str
-    tokens: list[int]
-    task: asyncio.Task[FinishKind | None]
-    message: list[str | None]
-
-
-async def start_streaming(client: EngineClient, rid: str, prompt: list[int], at_least: int = 8) -> Streaming:
-    tokens: list[int] = []
-    message: list[str | None] = []
-
-    async def consume() -> FinishKind | None:
-        async for delta in client.generate_stream(prompt, LONG, rid=rid):
-            tokens.extend(delta.output_ids.tolist())
-            if delta.finish is not None:
-                message.append(delta.finish.message)
-                return delta.finish.kind
-        return None
-
-    task = asyncio.create_task(consume())
-    while len(tokens) < at_least:
-        assert not task.done(), "the stream ended before it was pinned"
-        await asyncio.sleep(0.005)
-    return Streaming(rid, tokens, task, message)
-
-
-async def raw_generate(server: Server, ids: list[int]) -> tuple[list[int], list[float], int]:
-    """Output ids, their logprobs and ``meta_info.cached_tokens`` of a greedy /generate."""
-    body = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": GREEDY.max_new_tokens, "temperature": 0, "ignore_eos": True},
-        "return_logprob": True,
-    }
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
-        response = await http.post("/generate", json=body)
-    assert response.status_code == 200, response.text
-    meta = response.json()["meta_info"]
-    return (
-        response.json()["output_ids"],
-        [entry[0] for entry in meta["output_token_logprobs"]],
-        meta["cached_tokens"],
-    )
 
 
 async def migrate(source: EngineClient, rid: str) -> tuple[Streaming, KvPayload]:
@@ -144,20 +99,9 @@ async def test_a_pinned_request_continues_on_another_engine_without_prefilling_i
     assert (imported.key, imported.num_tokens) == ("mig-1", len(covered))
 
     # The proxy's retry: the original input plus the tokens the harness got. All but the last
-    # position come from the import; the result is that of a fresh engine's full prefill.
-    ids, logprobs, cached = await raw_generate(engines.b, covered)
-    full_ids, full_logprobs, full_cached = await raw_generate(engines.c, covered)
-    assert cached == len(covered) - 1 and full_cached == 0
-    assert ids == full_ids
-    np.testing.assert_allclose(logprobs, full_logprobs, atol=1e-4, rtol=0)
-
-    # A retry that carries more than the cache covers reuses all of it.
-    longer = [*covered, 17, 18, 19]
-    ids, logprobs, cached = await raw_generate(engines.b, longer)
-    fresh_ids, fresh_logprobs, _ = await raw_generate(engines.c, longer)
-    assert cached == len(covered)
-    assert ids == fresh_ids
-    np.testing.assert_allclose(logprobs, fresh_logprobs, atol=1e-4, rtol=0)
+    # position come from the import; the result is that of a fresh engine's full prefill. A
+    # retry that carries more than the cache covers reuses all of it.
+    full_ids, full_logprobs = await continues_like_a_full_prefill(engines.b, engines.c, covered)
 
     # A prompt sharing nothing with it is prefilled whole.
     _, _, cached = await raw_generate(engines.b, [251, *PROMPT[1:]])

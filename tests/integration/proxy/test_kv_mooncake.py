@@ -11,12 +11,10 @@ Mooncake fail when it does not import, unless GYRE_TEST_SKIP_MOONCAKE=1 (``tests
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -31,25 +29,23 @@ from gyre_proxy.engines import (
     KvCacheNotFound,
     KvTransferFailed,
     KvTransferUnsupported,
-    SamplingConfig,
 )
-from gyre_proxy.engines.refengine import (
-    DEFAULT_MODEL_CONFIG,
-    ModelSource,
-    MooncakeConfig,
-    ReferenceEngineConfig,
-)
+from gyre_proxy.engines.refengine import MooncakeConfig, ReferenceEngineConfig
 from gyre_proxy.engines.refengine import ReferenceEngineServer as Server
 from gyre_proxy.engines.refengine.decode_loop import PIN_ABORT_MESSAGE
 from gyre_proxy.engines.refengine.kvstore import KvLimits
+from tests.integration.proxy.kv_engines import (
+    CONTEXT,
+    OTHER,
+    SAME,
+    continues_like_a_full_prefill,
+    start_streaming,
+)
 from tests.real_servers import mooncake_missing, unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-CONTEXT = 1024
 PROMPT = [int(x) for x in np.random.default_rng(11).integers(3, 250, size=120)]
-LONG = SamplingConfig(max_new_tokens=800, temperature=0.0, ignore_eos=True)
-GREEDY = SamplingConfig(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 OFF = MooncakeConfig(enabled=False)
 
 
@@ -64,12 +60,8 @@ class Engines:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[Engines]:
-    same = ReferenceEngineConfig(max_context=CONTEXT, seed=0)
-    other = dataclasses.replace(
-        same, source=ModelSource(config={**DEFAULT_MODEL_CONFIG, "num_hidden_layers": 3})
-    )
-    off = dataclasses.replace(same, mooncake=OFF)
-    with Server(same) as a, Server(same) as b, Server(same) as c, Server(other) as d, Server(off) as n:
+    off = dataclasses.replace(SAME, mooncake=OFF)
+    with Server(SAME) as a, Server(SAME) as b, Server(SAME) as c, Server(OTHER) as d, Server(off) as n:
         yield Engines(a, b, c, d, n)
 
 
@@ -101,54 +93,11 @@ async def clients(engines: Engines) -> AsyncIterator[Clients]:
 async def stream_and_pin(client: EngineClient, rid: str, at_least: int = 8) -> list[int]:
     """Stream PROMPT greedily on ``client``'s engine, pin it once it has produced ``at_least``
     tokens, and return the ids its pinned cache covers (the prompt and every token streamed)."""
-    tokens: list[int] = []
-    finish: list[tuple[FinishKind, str | None]] = []
-
-    async def consume() -> None:
-        async for delta in client.generate_stream(PROMPT, LONG, rid=rid):
-            tokens.extend(delta.output_ids.tolist())
-            if delta.finish is not None:
-                finish.append((delta.finish.kind, delta.finish.message))
-
-    task = asyncio.create_task(consume())
-    while len(tokens) < at_least:
-        assert not task.done(), "the stream ended before it was pinned"
-        await asyncio.sleep(0.005)
+    streaming = await start_streaming(client, rid, PROMPT, at_least)
     pinned = await client.pin_and_abort(rid)
-    await task
-    assert finish == [(FinishKind.ABORT, PIN_ABORT_MESSAGE)]
-    assert pinned.num_tokens == len(PROMPT) + len(tokens)
-    return PROMPT + tokens
-
-
-async def raw_generate(server: Server, ids: list[int]) -> tuple[list[int], list[float], int]:
-    """Output ids, their logprobs and ``meta_info.cached_tokens`` of a greedy /generate."""
-    body = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": GREEDY.max_new_tokens, "temperature": 0, "ignore_eos": True},
-        "return_logprob": True,
-    }
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
-        response = await http.post("/generate", json=body)
-    assert response.status_code == 200, response.text
-    meta = response.json()["meta_info"]
-    return response.json()["output_ids"], [e[0] for e in meta["output_token_logprobs"]], meta["cached_tokens"]
-
-
-async def continues_like_a_full_prefill(destination: Server, reference: Server, covered: list[int]) -> None:
-    """The retry on ``destination`` (all the pinned ids) reuses all but the last position and
-    gives the greedy tokens and logprobs of ``reference``'s full prefill; a longer one reuses all."""
-    ids, logprobs, cached = await raw_generate(destination, covered)
-    full_ids, full_logprobs, full_cached = await raw_generate(reference, covered)
-    assert (cached, full_cached) == (len(covered) - 1, 0)
-    assert ids == full_ids
-    np.testing.assert_allclose(logprobs, full_logprobs, atol=1e-4, rtol=0)
-    longer = [*covered, 17, 18, 19]
-    ids, logprobs, cached = await raw_generate(destination, longer)
-    fresh_ids, fresh_logprobs, _ = await raw_generate(reference, longer)
-    assert cached == len(covered)
-    assert ids == fresh_ids
-    np.testing.assert_allclose(logprobs, fresh_logprobs, atol=1e-4, rtol=0)
+    assert (await streaming.task, streaming.message) == (FinishKind.ABORT, [PIN_ABORT_MESSAGE])
+    assert pinned.num_tokens == len(PROMPT) + len(streaming.tokens)
+    return PROMPT + streaming.tokens
 
 
 async def test_a_pinned_request_moves_over_mooncake_and_continues_like_a_full_prefill(
