@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 from gyre_proxy.launch import Launcher
 from gyre_store import (
@@ -14,11 +13,12 @@ from gyre_store import (
     ExecutionDispatched,
     ExecutionStartRequested,
     NewEvent,
+    ProjectionStore,
     StreamId,
     TaskDefined,
     TaskSplit,
 )
-from gyre_train import EvaluatorWorker
+from gyre_train import EvaluatorWorker, WorkerConfig
 from gyre_train.tasks import CHECK_COMMAND, Instance
 
 
@@ -38,31 +38,32 @@ def request_execution(
     log.append([NewEvent(task), NewEvent(dispatched), NewEvent(start)])
 
 
-def has_event(log: EventLog, stream: StreamId, kind: type[Event]) -> bool:
-    """Whether ``stream`` holds an event of type ``kind`` yet."""
-    return any(isinstance(r.event, kind) for r in log.read_stream(stream))
-
-
 def run_until(
+    log: EventLog,
     launcher: Launcher,
-    worker: EvaluatorWorker,
-    done: Callable[[], bool],
+    store: ProjectionStore,
+    stream: StreamId,
+    kind: type[Event],
     *,
     timeout_s: float,
-    poll_s: float,
-    join_s: float,
+    poll_s: float = 0.1,
 ) -> None:
-    """Run ``launcher`` and ``worker`` on threads until ``done()`` or ``timeout_s``; then stop
-    both and wait up to ``join_s`` for each (it finishes what it runs on the way out)."""
+    """Run ``launcher`` and an evaluator worker of its run (projecting into ``store``) on threads
+    until ``stream`` holds an event of type ``kind`` or ``timeout_s`` passed; then stop both and
+    wait for them (each finishes what it runs on the way out)."""
+    worker = EvaluatorWorker(log, store, WorkerConfig(run_id=launcher.config.run_id))
     stop = threading.Event()
     threads = [threading.Thread(target=t.run, args=(stop,)) for t in (launcher, worker)]
     for thread in threads:
         thread.start()
     try:
         deadline = time.monotonic() + timeout_s
-        while not done() and time.monotonic() < deadline:
+        while (
+            not any(isinstance(r.event, kind) for r in log.read_stream(stream))
+            and time.monotonic() < deadline
+        ):
             time.sleep(poll_s)
     finally:
         stop.set()
         for thread in threads:
-            thread.join(join_s)
+            thread.join(timeout_s / 2)

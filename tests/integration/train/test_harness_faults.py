@@ -20,9 +20,8 @@ from gyre_store import (
     TaskSplit,
     evaluation_projections,
 )
-from gyre_train import EvaluatorWorker, WorkerConfig
 from gyre_train.tasks import family, instances
-from tests.integration.train.launch_and_score import has_event, request_execution, run_until
+from tests.integration.train.launch_and_score import request_execution, run_until
 
 RUN = "faulty-harness"
 
@@ -58,16 +57,7 @@ def test_a_faulty_harness_finishes_with_its_reason_and_its_work_is_scored(
             plugin=ShellHarness(command.format(first=first)),
         )
         store = PostgresProjectionStore(log.pool, evaluation_projections().tables())
-        worker = EvaluatorWorker(log, store, WorkerConfig(run_id=RUN))
-        rewarded = StreamId("evaluation", "f-e0")
-        run_until(
-            launcher,
-            worker,
-            lambda: has_event(log, rewarded, RewardAssigned),
-            timeout_s=60,
-            poll_s=0.1,
-            join_s=30,
-        )
+        run_until(log, launcher, store, StreamId("evaluation", "f-e0"), RewardAssigned, timeout_s=60)
         [finished] = [
             r.event
             for r in log.read_stream(StreamId("execution", "f-e0"))

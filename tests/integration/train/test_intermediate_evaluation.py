@@ -33,10 +33,9 @@ from gyre_store import (
 )
 from gyre_store.catalog import Provenance
 from gyre_store.trees import TreeProjection, TreeView
-from gyre_train import EvaluatorWorker, WorkerConfig
 from gyre_train.tasks import family, instances
 from gyre_train.trajectories import stored_execution
-from tests.integration.train.launch_and_score import has_event, request_execution, run_until
+from tests.integration.train.launch_and_score import request_execution, run_until
 
 RUN = "ask-run"
 
@@ -79,16 +78,7 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
                 log, LauncherConfig(run_id=RUN, proxy_url=proxy.base_url, root=tmp_path / "ws"),
                 plugin=BuiltinHarness(max_turns=5),
             )  # fmt: skip
-            worker = EvaluatorWorker(log, store, WorkerConfig(run_id=RUN))
-            finished = StreamId("execution", "ask-e0")
-            run_until(
-                launcher,
-                worker,
-                lambda: has_event(log, finished, ExecutionFinished),
-                timeout_s=180,
-                poll_s=0.2,
-                join_s=60,
-            )
+            run_until(log, launcher, store, StreamId("execution", "ask-e0"), ExecutionFinished, timeout_s=180)
             proxy.spool.flush()
 
         history = [r.event for r in log.read_stream(StreamId("evaluation", "ask-e0"))]
