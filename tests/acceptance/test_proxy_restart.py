@@ -1,8 +1,9 @@
 """A `gyre proxy serve` process killed with SIGKILL and started again on the same PostgreSQL
 database continues an execution it never saw: the new process has nothing in memory, matches
 the harness's history against the stored tree and extends the stored record (one path, one
-root), and the records written before the kill are unchanged. One stopped with SIGTERM writes
-what its spool still holds before it exits."""
+root), and the records written before the kill are unchanged. One killed while the database
+refuses writes loses no call it answered: the next process on its spool folder writes them.
+One stopped with SIGTERM writes what its spool still holds before it exits."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 import psycopg
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
+from gyre_proxy.ingest.spool_files import AnswerLog
 from gyre_store import PostgresEventLog, StoreConfig
 from gyre_store.catalog import ModelCallRecorded
 from gyre_store.log import StreamId
@@ -38,12 +40,28 @@ TOOLS = [
 
 @contextmanager
 def proxy_process(
-    database_url: str, engine_url: str, port: int, log: Path
+    database_url: str, engine_url: str, port: int, folder: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`gyre proxy serve` as a user starts it, on ``port`` in each of its lives."""
-    args = ["proxy", "serve", "--engine", f"e0={engine_url}"]
-    with gyre_process(args, log, {"GYRE_DATABASE_URL": database_url}, port) as (_, process):
+    """`gyre proxy serve` as a user starts it, on ``port`` and the spool folder in ``folder`` in
+    each of its lives; it logs to ``folder``/proxy.log and notes its answers in answers.jsonl."""
+    args = ["proxy", "serve", "--engine", f"e0={engine_url}", "--spool-dir", str(folder / "spool"),
+            "--answers-log", str(folder / "answers.jsonl")]  # fmt: skip
+    with gyre_process(args, folder / "proxy.log", {"GYRE_DATABASE_URL": database_url}, port) as (_, process):
         yield process
+
+
+def refuse_writes(database_url: str, refuse: bool) -> None:
+    """The database refuses writes (or takes them again), as a standby does just after a
+    failover: new sessions are read-only, and the ones open now are ended."""
+    name = database_url.rsplit("/", 1)[-1]
+    setting = "SET default_transaction_read_only = on" if refuse else "RESET default_transaction_read_only"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("SET default_transaction_read_only = off")  # this session writes
+        admin.execute(f'ALTER DATABASE "{name}" {setting}')
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
 
 
 def stored_calls(database_url: str, execution_id: str) -> list[ModelCallRecorded]:
@@ -82,7 +100,7 @@ def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in this folder?"}]
 
     with ReferenceEngineServer(engine_config) as engine:
-        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path / "proxy.log") as first:
+        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path) as first:
             client = anthropic.Anthropic(
                 base_url=execution["base_url"], api_key=execution["api_key"], max_retries=0
             )
@@ -106,7 +124,7 @@ def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution
                 "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py\nb.py"}],
             },
         ]
-        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path / "proxy.log"):
+        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path):
             client = anthropic.Anthropic(
                 base_url=execution["base_url"], api_key=execution["api_key"], max_retries=0
             )
@@ -132,6 +150,67 @@ def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution
     assert first_end in view.path(view.records[calls[1].request_id].end_node)
 
 
+def test_a_proxy_killed_while_the_database_refuses_writes_loses_no_answered_call(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    """Three calls are answered while the database refuses writes; the proxy is killed with
+    SIGKILL before it could write them. Started again on the same spool folder once the
+    database takes writes again, the proxy writes them before it serves, and the execution
+    goes on from the last of them. The store holds exactly the calls the proxy answered."""
+    script = tmp_path / "script.json"
+    outputs = ["One.", "Two.", "Three.", "Four."]
+    script.write_text(json.dumps({"outputs": outputs, "rule": "in_order"}))
+    engine_config = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen", seed=0), max_context=8192, script=script
+    )
+    port = free_port()
+    registered = gyre(
+        "executions", "new", "--json", "--run-id", "outage-run", "--execution-id", "ex-outage",
+        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": fresh_database_url},
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    execution = json.loads(registered.stdout)
+    messages: list[dict[str, Any]] = []
+
+    def turn(n: int) -> None:
+        messages.append({"role": "user", "content": f"Step {n}?"})
+        with anthropic.Anthropic(
+            base_url=execution["base_url"], api_key=execution["api_key"], max_retries=0
+        ) as client:
+            answer = client.messages.create(model="gyre", max_tokens=50, messages=messages)  # type: ignore[arg-type]
+        [text] = [b.text for b in answer.content if b.type == "text"]
+        assert text == outputs[n - 1]
+        messages.append({"role": "assistant", "content": text})
+
+    with ReferenceEngineServer(engine_config) as engine:
+        try:
+            with proxy_process(fresh_database_url, engine.base_url, port, tmp_path) as first:
+                turn(1)
+                wait_for_calls(fresh_database_url, "ex-outage", 1)
+                refuse_writes(fresh_database_url, True)
+                turn(2)
+                turn(3)
+                assert len(stored_calls(fresh_database_url, "ex-outage")) == 1  # two wait in the spool
+                first.send_signal(signal.SIGKILL)
+                assert first.wait(30) == -signal.SIGKILL
+        finally:
+            refuse_writes(fresh_database_url, False)
+        with proxy_process(fresh_database_url, engine.base_url, port, tmp_path):
+            # It serves once what the killed process left is written.
+            assert len(stored_calls(fresh_database_url, "ex-outage")) == 3
+            turn(4)
+            calls = wait_for_calls(fresh_database_url, "ex-outage", 4)
+
+    # Each call extends the one before it: one path, and the tree has one root.
+    assert [c.prefix_of for c in calls[1:]] == [c.request_id for c in calls[:-1]]
+    stats = tree(fresh_database_url, "ex-outage").stats()
+    assert stats.requests == 4 and stats.roots == 1
+    # What the proxy answered and what the store holds, one to one.
+    answered = [(a["execution_id"], a["request_id"]) for a in AnswerLog.read(tmp_path / "answers.jsonl")]
+    assert sorted(answered) == sorted((c.execution_id, c.request_id) for c in calls)
+    assert len(set(answered)) == len(answered) == 4
+
+
 def test_sigterm_writes_the_spooled_records_before_the_proxy_exits(
     fresh_database_url: str, tmp_path: Path
 ) -> None:
@@ -152,7 +231,7 @@ def test_sigterm_writes_the_spooled_records_before_the_proxy_exits(
 
     with (
         ReferenceEngineServer(engine_config) as engine,
-        proxy_process(fresh_database_url, engine.base_url, port, tmp_path / "proxy.log") as proxy,
+        proxy_process(fresh_database_url, engine.base_url, port, tmp_path) as proxy,
     ):
         with psycopg.connect(fresh_database_url) as blocker:
             # Readers pass; the spool's append waits until this transaction ends.
