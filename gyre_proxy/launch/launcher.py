@@ -44,7 +44,7 @@ from gyre_store import (
     FinishReason,
     TaskDefined,
 )
-from gyre_store.log import EventLog, EventMetadata, NewEvent, RecordedEvent, RunFollower, base_run
+from gyre_store.log import Event, EventLog, EventMetadata, NewEvent, RunFollower, base_run
 
 FOLLOWED = ("task.defined", "execution.start_requested", "execution.started", "execution.finished")
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")  # the launcher's own secrets stay here
@@ -120,9 +120,7 @@ class Launcher:
                 "the launcher restarted: the harness process was lost",
             )
 
-    def _note(self, recorded: RecordedEvent) -> None:
-        event = recorded.event
-        run_id = getattr(event, "run_id", "")
+    def _note(self, event: Event, run_id: str) -> None:
         match event:
             case TaskDefined(task_id=task_id):
                 self._tasks[(run_id, task_id)] = event

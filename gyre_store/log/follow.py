@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection
 
-from gyre_store.log.events import RecordedEvent
+from gyre_store.log.events import Event
 from gyre_store.log.interface import EventLog, read_to_head
 
 SIDE_RUN = "~"  # a side run's id is its run's id, this, and its own name
@@ -32,14 +32,15 @@ def serves(run_id: str, candidate: str) -> bool:
 
 class RunFollower:
     """Hands the events of ``types`` that belong to ``run_id`` (or its side runs) to ``handle``,
-    in log order; an event without a ``run_id`` field belongs to no run."""
+    in log order, with the run each belongs to; an event without a ``run_id`` field belongs to
+    no run."""
 
     def __init__(
         self,
         log: EventLog,
         run_id: str,
         types: Collection[str],
-        handle: Callable[[RecordedEvent], None],
+        handle: Callable[[Event, str], None],
     ) -> None:
         self.log = log
         self.run_id = run_id
@@ -51,8 +52,9 @@ class RunFollower:
         """Handle every new event of the run up to the head as of now."""
         events, self.position = read_to_head(self.log, self.position, types=self.types)
         for recorded in events:
-            if serves(self.run_id, getattr(recorded.event, "run_id", "")):
-                self._handle(recorded)
+            run_id = getattr(recorded.event, "run_id", "")
+            if serves(self.run_id, run_id):
+                self._handle(recorded.event, run_id)
 
     def run(self, stop: threading.Event, step: Callable[[], object], poll_s: float) -> None:
         """Call ``step`` (which reads with ``read_new``) until ``stop`` is set, waiting up to

@@ -31,12 +31,11 @@ from gyre_store import (
     GroupStatus,
     NewEvent,
     ProjectionStore,
-    RecordedEvent,
     TaskDefined,
     catch_up,
     evaluation_projections,
 )
-from gyre_store.log import EventMetadata, RunFollower, base_run
+from gyre_store.log import Event, EventMetadata, RunFollower, base_run
 from gyre_train.exceptions import GyreTrainError, InvalidConfigError
 from gyre_train.rewards.evaluation import (
     EvaluationConfig,
@@ -128,9 +127,7 @@ class EvaluatorWorker:
     def pending(self) -> int:
         return len(self._inflight)
 
-    def _note(self, recorded: RecordedEvent) -> None:
-        event = recorded.event
-        run_id = getattr(event, "run_id", "")
+    def _note(self, event: Event, run_id: str) -> None:
         match event:
             case TaskDefined(task_id=task_id):
                 self._tasks[(run_id, task_id)] = event

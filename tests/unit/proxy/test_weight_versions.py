@@ -49,7 +49,7 @@ def pipeline_over(template: Qwen3Template, engines: Sequence[tuple[str, FakeEngi
     recorder = TrajectoryRecorder(InMemoryEventLog())
     return AnswerPipeline(
         Ingestor(recorder, template, GenericHarness()),
-        Router(engines),  # type: ignore[arg-type]
+        Router(engines),
         RecordSpool(recorder),
     )
 

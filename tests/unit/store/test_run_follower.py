@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from gyre_store import EngineRegistered, ExecutionStartRequested, InMemoryEventLog
-from gyre_store.log import NewEvent, RecordedEvent, RunFollower, base_run, serves
+from gyre_store.log import Event, NewEvent, RunFollower, base_run, serves
 
 
 def requested(execution_id: str, run_id: str) -> NewEvent:
@@ -23,9 +23,9 @@ def test_the_follower_hands_over_its_runs_events_of_its_types_once_each() -> Non
     log = InMemoryEventLog()
     seen: list[str] = []
 
-    def note(recorded: RecordedEvent) -> None:
-        assert isinstance(recorded.event, ExecutionStartRequested)
-        seen.append(recorded.event.execution_id)
+    def note(event: Event, run_id: str) -> None:
+        assert isinstance(event, ExecutionStartRequested) and run_id == event.run_id
+        seen.append(event.execution_id)
 
     follower = RunFollower(log, "r", ["execution.start_requested"], note)
     log.append([requested("e1", "r"), requested("e2", "r~heldout"), requested("e3", "rx")])
@@ -48,5 +48,7 @@ def test_run_steps_until_stopped() -> None:
         if len(steps) == 3:
             stop.set()
 
-    RunFollower(log, "r", ["execution.start_requested"], lambda _: None).run(stop, step, poll_s=0.01)
+    RunFollower(log, "r", ["execution.start_requested"], lambda event, run_id: None).run(
+        stop, step, poll_s=0.01
+    )
     assert steps == [0, 1, 2]
