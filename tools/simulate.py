@@ -32,14 +32,13 @@ from gyre_sched import (
 )
 from gyre_sched.sim import (
     ABLATION,
-    HELD_OUT_ROWS,
+    ABLATION_NOTE,
     MET_TOLERANCE,
     PAPER_SPEEDUP_NOT_SIMULATED,
     PRESETS,
+    SPEEDUP_NOTE,
     TRAIN_NODE_HOURS_PER_GROUP_2_4T,
     TRAIN_NODE_HOURS_PER_GROUP_122B,
-    TRAINING_ROWS,
-    TRAINING_SPEEDUPS,
     AblationRow,
     Calibration,
     SpeedupRow,
@@ -251,21 +250,13 @@ def _verdict(residual: float) -> str:
     return "MET" if abs(residual) <= MET_TOLERANCE else "MISSED"
 
 
-def _row_role(row: str) -> str:
-    return "fit" if row in TRAINING_ROWS else "held out" if row in HELD_OUT_ROWS else "denominator"
-
-
-def _speedup_role(setting: str, baseline: str) -> str:
-    return "fit" if (setting, baseline) in TRAINING_SPEEDUPS else "held out"
-
-
 def _range(paper: tuple[float, float]) -> str:
     lo, hi = paper
     return f"{lo:.2f}" if lo == hi else f"{lo:.2f}-{hi:.2f}"
 
 
 def ablation_rich_table(rows: list[AblationRow], title: str) -> Table:
-    """The ablation as printed (and copied into README.md)."""
+    """The ablation as printed (and copied into README.md, with ``ABLATION_NOTE`` under it)."""
     table = Table(title=title)
     for column in (
         "row",
@@ -292,23 +283,31 @@ def ablation_rich_table(rows: list[AblationRow], title: str) -> Table:
             f"{r.paper_vs_e0:.3f}",
             f"{r.sim_vs_e0:.3f}",
             f"{r.residual:+.1%}",
-            _row_role(r.row),
+            r.role.value,
             "" if r.row == "E0" else _verdict(r.residual),
         )
     return table
 
 
 def speedup_rich_table(rows: list[SpeedupRow], title: str) -> Table:
-    """Paper Table 1, one line per comparison; the rows with no workload to simulate say so."""
+    """Paper Table 1, one line per comparison; the rows with no workload to simulate say so
+    (copied into README.md with ``SPEEDUP_NOTE`` under it)."""
     table = Table(title=title)
     for column in ("setting", "vs", "sim h (E / baseline)", "paper", "sim", "residual", "role", "verdict"):
         table.add_column(
             column, justify="left" if column in ("setting", "vs", "role", "verdict") else "right"
         )
     for r in rows:
-        for baseline, hours, paper, sim, off in (
-            ("Async", r.async_h, r.paper_vs_async, r.sim_vs_async, r.residual_vs_async),
-            ("Colocate", r.colocate_h, r.paper_vs_colocate, r.sim_vs_colocate, r.residual_vs_colocate),
+        for baseline, hours, paper, sim, off, role in (
+            ("Async", r.async_h, r.paper_vs_async, r.sim_vs_async, r.residual_vs_async, r.role_vs_async),
+            (
+                "Colocate",
+                r.colocate_h,
+                r.paper_vs_colocate,
+                r.sim_vs_colocate,
+                r.residual_vs_colocate,
+                r.role_vs_colocate,
+            ),
         ):
             table.add_row(
                 f"{r.setting} ({r.steps} steps)",
@@ -317,7 +316,7 @@ def speedup_rich_table(rows: list[SpeedupRow], title: str) -> Table:
                 _range(paper),
                 f"{sim:.3f}",
                 f"{off:+.1%}",
-                _speedup_role(r.setting, baseline.lower()),
+                role.value,
                 _verdict(off),
             )
     for (workload, target), pair in PAPER_SPEEDUP_NOT_SIMULATED.items():
@@ -340,15 +339,13 @@ def _tables(args: argparse.Namespace, console: Console, out: Path) -> int:
         else:
             rows = speedup_table(seeds, advance)
     if args.preset == "ablation-table":
-        table = ablation_rich_table(rows, f"scheduling ablation, 12 steps, mean of {len(seeds)} seeds")
+        console.print(ablation_rich_table(rows, f"scheduling ablation, 12 steps, mean of {len(seeds)} seeds"))
+        console.print(ABLATION_NOTE)
     else:
-        table = speedup_rich_table(
-            rows, f"cumulative speedup of the elastic policy, mean of {len(seeds)} seeds"
+        console.print(
+            speedup_rich_table(rows, f"cumulative speedup of the elastic policy, mean of {len(seeds)} seeds")
         )
-    console.print(table)
-    console.print(
-        f"MET: |residual| <= {MET_TOLERANCE:.0%}; role 'fit' rows were fitted, 'held out' rows predicted"
-    )
+        console.print(SPEEDUP_NOTE)
     path = Path(args.json) if args.json else out / f"{args.preset}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode({"preset": args.preset, "seeds": seeds, "rows": rows}))
@@ -395,7 +392,9 @@ def _fit(args: argparse.Namespace, console: Console, out: Path) -> int:
             f"(RMS log residual {cost.loss:.3f} on {', '.join(cost.training)}); scanned {scanned}"
         )
     console.print(ablation_rich_table(list(calibration.ablation), f"ablation, mean of {len(seeds)} seeds"))
+    console.print(ABLATION_NOTE)
     console.print(speedup_rich_table(list(calibration.speedups), f"speedups, mean of {len(seeds)} seeds"))
+    console.print(SPEEDUP_NOTE)
     path = Path(args.json) if args.json else out / "fit.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.format(msgspec.json.encode(calibration)))

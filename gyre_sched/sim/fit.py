@@ -1,5 +1,5 @@
 """Calibration of the simulator against the paper: the workload profiles, then the training
-cost on the training rows only, with everything else computed and reported as held out.
+cost on the training rows only, with everything else computed outside the fit.
 
 Two stages, both deterministic. First each workload model is fitted to the paper's
 execution-profile figures (common random numbers: a grid over a box, then Nelder-Mead
@@ -13,7 +13,8 @@ never move between the sets. The training cost is fitted on the Colocate rows on
 Colocate trains after its rollout drains, so its training time sits on the critical path,
 and its four rows put 32, 28, 28 and 16 nodes on it; they exercise none of what the other
 rows test (cells joining by waterlevel, the Async partition, the (1.5, 1) dispatch of the
-Async and single-step rows). Everything else is held out, A1 and E1 among them.
+Async and single-step rows). Everything else stays outside the fit, A1 and E1 among them
+(``split``: which of those may be called predictions).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 from gyre_sched.sim.paper import PAPER_ABLATION, PAPER_PROFILE_2_4T, PAPER_PROFILE_122B, PAPER_SPEEDUP
 from gyre_sched.sim.presets import ABLATION, SPEEDUP, WORKLOADS, Preset
+from gyre_sched.sim.split import OUT_OF_FIT_ROWS, TRAINING_ROWS, TRAINING_SPEEDUPS
 from gyre_sched.sim.tables import (
     MET_TOLERANCE,
     AblationRow,
@@ -44,14 +46,6 @@ from gyre_sched.sim.workload import (
     WorkloadModel,
     WorkloadStats,
 )
-
-# Ablation rows (ratio to E0) that the 122B training cost is fitted on.
-TRAINING_ROWS: tuple[str, ...] = ("C0", "C1", "C2", "C3")
-# Ablation rows reported as predictions; E0 is the denominator of every ratio.
-HELD_OUT_ROWS: tuple[str, ...] = ("A0", "A1", "A2", "A3", "E1", "E2")
-# The 2.4T training cost is fitted on the one 2.4T Colocate figure; its Async
-# speedup and both 122B speedup settings are predictions.
-TRAINING_SPEEDUPS: tuple[tuple[str, str], ...] = (("nl2repo-2.4t", "colocate"),)
 
 WORKLOAD_122B, WORKLOAD_2_4T = "nl2repo-122b", "nl2repo-2.4t"
 PROFILE_QUERIES = 8000  # queries of 16 executions drawn once (seed 0) for every profile candidate
@@ -127,15 +121,20 @@ class ProfileFit(msgspec.Struct, frozen=True):
     loss: float  # sum of squared log residuals
 
 
-def _profile_loss(model: CeilingLogNormal, targets: Mapping[str, float], draws: Draws) -> float:
+def profile_loss(model: CeilingLogNormal, targets: Mapping[str, float], draws: Draws) -> float:
+    """What the profile fit minimises: the sum of squared log residuals over ``targets``."""
     stats = profile(model, draws)
     return sum(math.log(max(getattr(stats, k), 1e-9) / v) ** 2 for k, v in targets.items())
 
 
+def rounding_digits(field: str) -> int:
+    """Decimals a fitted workload field is rounded to (presets carry the rounded value)."""
+    return {"stall_rate": 4, "hard_share": 4}.get(field, 3)
+
+
 def _rounded(model: CeilingLogNormal, free: Sequence[str]) -> CeilingLogNormal:
     # presets carry these figures, so the later stages run on exactly what presets hold
-    digits = {"stall_rate": 4, "hard_share": 4}
-    return msgspec.structs.replace(model, **{k: round(getattr(model, k), digits.get(k, 3)) for k in free})
+    return msgspec.structs.replace(model, **{k: round(getattr(model, k), rounding_digits(k)) for k in free})
 
 
 def fit_profile(
@@ -160,16 +159,16 @@ def fit_profile(
         return msgspec.structs.replace(base, **dict(zip(names, values, strict=True)))
 
     axes = [np.linspace(lo, hi, points).tolist() for lo, hi in free.values()]
-    grid = sorted((_profile_loss(at(v), targets, draws), v) for v in itertools.product(*axes))
+    grid = sorted((profile_loss(at(v), targets, draws), v) for v in itertools.product(*axes))
     x, loss = list(grid[0][1]), grid[0][0]
     for _, start in grid[:starts]:
-        y, y_loss = _nelder_mead(lambda v: _profile_loss(at(v), targets, draws), start, free, 0.1, iterations)
+        y, y_loss = _nelder_mead(lambda v: profile_loss(at(v), targets, draws), start, free, 0.1, iterations)
         if y_loss < loss:
             x, loss = y, y_loss
     model = _rounded(at(x), names).validate()
     stats = profile(model, draws)
     figures = tuple(FigureFit(k, v, getattr(stats, k), getattr(stats, k) / v - 1) for k, v in targets.items())
-    return ProfileFit(workload, tuple(names), model, figures, _profile_loss(model, targets, draws))
+    return ProfileFit(workload, tuple(names), model, figures, profile_loss(model, targets, draws))
 
 
 def _nelder_mead(
@@ -269,18 +268,26 @@ def with_costs(presets: Mapping[str, Preset], costs: Mapping[str, float]) -> dic
     }
 
 
-def _ablation_loss(
-    cost: float, workloads: Mapping[str, WorkloadModel], seeds: Sequence[int], progress: Progress | None
+def ablation_loss(
+    cost: float,
+    workloads: Mapping[str, WorkloadModel],
+    seeds: Sequence[int],
+    progress: Progress | None = None,
 ) -> float:
+    """What the 122B cost scan minimises: the RMS log residual of the training rows at ``cost``."""
     presets = with_costs({r: ABLATION[r] for r in (*TRAINING_ROWS, "E0")}, {WORKLOAD_122B: cost})
     totals = {r: mean_total(p, seeds, progress, workloads[p.workload]) for r, p in presets.items()}
     logs = [math.log(totals[r] / totals["E0"] / PAPER_ABLATION[r].vs_e0) for r in TRAINING_ROWS]
     return math.sqrt(float(np.mean(np.square(logs))))
 
 
-def _speedup_loss(
-    cost: float, workloads: Mapping[str, WorkloadModel], seeds: Sequence[int], progress: Progress | None
+def speedup_loss(
+    cost: float,
+    workloads: Mapping[str, WorkloadModel],
+    seeds: Sequence[int],
+    progress: Progress | None = None,
 ) -> float:
+    """What the 2.4T cost scan minimises: the RMS log residual of the training speedups at ``cost``."""
     logs = []
     for setting, policy in TRAINING_SPEEDUPS:
         presets = with_costs(
@@ -299,7 +306,7 @@ class Calibration(msgspec.Struct, frozen=True):
 
     seeds: tuple[int, ...]
     training_rows: tuple[str, ...]
-    held_out_rows: tuple[str, ...]
+    out_of_fit_rows: tuple[str, ...]
     training_speedups: tuple[tuple[str, str], ...]
     met_tolerance: float
     workloads: tuple[ProfileFit, ...]
@@ -329,10 +336,10 @@ def calibrate(seeds: Sequence[int], progress: Progress | None = None) -> Calibra
     workloads: dict[str, WorkloadModel] = {WORKLOAD_122B: fit_122b.model, WORKLOAD_2_4T: fit_2_4t.model}
 
     cost_122b, loss_122b, scan_122b = scan(
-        lambda c: _ablation_loss(c, workloads, seeds, progress), COST_GRID_122B, COST_STEP_122B
+        lambda c: ablation_loss(c, workloads, seeds, progress), COST_GRID_122B, COST_STEP_122B
     )
     cost_2_4t, loss_2_4t, scan_2_4t = scan(
-        lambda c: _speedup_loss(c, workloads, seeds, progress), COST_GRID_2_4T, COST_STEP_2_4T
+        lambda c: speedup_loss(c, workloads, seeds, progress), COST_GRID_2_4T, COST_STEP_2_4T
     )
     costs = {WORKLOAD_122B: cost_122b, WORKLOAD_2_4T: cost_2_4t}
     ablation = ablation_table(seeds, progress, presets=with_costs(ABLATION, costs), workloads=workloads)
@@ -340,7 +347,7 @@ def calibrate(seeds: Sequence[int], progress: Progress | None = None) -> Calibra
     return Calibration(
         seeds=tuple(seeds),
         training_rows=TRAINING_ROWS,
-        held_out_rows=HELD_OUT_ROWS,
+        out_of_fit_rows=OUT_OF_FIT_ROWS,
         training_speedups=TRAINING_SPEEDUPS,
         met_tolerance=MET_TOLERANCE,
         workloads=(fit_122b, fit_2_4t),

@@ -9,24 +9,49 @@ import numpy as np
 import pytest
 
 from gyre_sched import Outcome, workload_stats
-from gyre_sched.exceptions import WorkloadError
+from gyre_sched.exceptions import UnknownPresetError, WorkloadError
 from gyre_sched.sim import (
     ABLATION,
-    HELD_OUT_ROWS,
+    CHANGED_AFTER_SEEN_ROWS,
+    CHANGED_AFTER_SEEN_SPEEDUPS,
+    OUT_OF_FIT_ROWS,
+    PAPER_SPEEDUP,
     TRAINING_ROWS,
+    TRAINING_SPEEDUPS,
     WORKLOADS,
+    Role,
+    ablation_role,
     fit_profile,
     profile,
     profile_draws,
+    speedup_role,
 )
 from gyre_sched.sim.fit import FREE_122B, scan
 from gyre_sched.sim.tables import residual
 
 
-def test_split_covers_every_row_once_and_holds_out_a1_and_e1() -> None:
-    assert sorted((*TRAINING_ROWS, *HELD_OUT_ROWS, "E0")) == sorted(ABLATION)
-    assert not set(TRAINING_ROWS) & set(HELD_OUT_ROWS)
-    assert {"A1", "E1"} <= set(HELD_OUT_ROWS)
+def test_split_covers_every_row_once_and_keeps_a1_and_e1_out_of_the_fit() -> None:
+    assert sorted((*TRAINING_ROWS, *OUT_OF_FIT_ROWS, "E0")) == sorted(ABLATION)
+    assert not set(TRAINING_ROWS) & set(OUT_OF_FIT_ROWS)
+    assert {"A1", "E1"} <= set(OUT_OF_FIT_ROWS)
+
+
+def test_only_figures_outside_the_fit_are_held_out_or_changed_after_seen() -> None:
+    roles = {row: ablation_role(row) for row in ABLATION}
+    assert {r for r, role in roles.items() if role is Role.FIT} == set(TRAINING_ROWS)
+    assert roles["E0"] is Role.DENOMINATOR
+    assert {r for r, role in roles.items() if role is Role.CHANGED_AFTER_SEEN} == set(CHANGED_AFTER_SEEN_ROWS)
+    assert set(CHANGED_AFTER_SEEN_ROWS) <= set(OUT_OF_FIT_ROWS)
+    # A1 was the figure the third round's workload was changed for
+    assert roles["A1"] is Role.CHANGED_AFTER_SEEN
+    speedups = {(s, b): speedup_role(s, b) for s in PAPER_SPEEDUP for b in ("async", "colocate")}
+    assert {k for k, role in speedups.items() if role is Role.FIT} == set(TRAINING_SPEEDUPS)
+    changed = {k for k, role in speedups.items() if role is Role.CHANGED_AFTER_SEEN}
+    assert changed == set(CHANGED_AFTER_SEEN_SPEEDUPS) and not changed & set(TRAINING_SPEEDUPS)
+    with pytest.raises(UnknownPresetError):
+        ablation_role("A9")
+    with pytest.raises(UnknownPresetError):
+        speedup_role("nl2repo-2.4t", "sync")
 
 
 def test_profile_on_fixed_draws_agrees_with_workload_stats() -> None:
