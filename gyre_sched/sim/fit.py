@@ -4,12 +4,12 @@ cost on the training rows only, with everything else computed outside the fit.
 Two stages, both deterministic. First each workload model is fitted to the paper's
 execution-profile figures (common random numbers: a grid over a box, then Nelder-Mead
 from its best points). Then the training cost per group is scanned on the training figures with those
-workloads; the held-out figures are computed with the fitted values and never enter a
-loss. Nothing here writes presets: ``gyre simulate --fit`` prints the values and writes
-JSON, and ``presets.py`` carries them.
+workloads; the figures outside the fit are computed with the fitted values and never enter
+a loss. Nothing here writes presets: ``gyre simulate --fit`` prints the values and writes
+JSON, and ``presets.py`` carries them (``fit_check`` checks them in seconds).
 
-The split is fixed here, before any held-out residual of a refit was looked at, and rows
-never move between the sets. The training cost is fitted on the Colocate rows only:
+The split (``split``) was fixed before any residual of a refit outside the fit was looked
+at, and rows never move between the sets. The training cost is fitted on the Colocate rows only:
 Colocate trains after its rollout drains, so its training time sits on the critical path,
 and its four rows put 32, 28, 28 and 16 nodes on it; they exercise none of what the other
 rows test (cells joining by waterlevel, the Async partition, the (1.5, 1) dispatch of the
