@@ -66,19 +66,22 @@ def load(path: Path) -> dict[str, RunCosts]:
 
 def check_like_for_like(costs: RunCosts, config: RunConfig) -> None:
     """Raise CostsFileError unless ``costs`` come from another seed of ``config``'s
-    configuration (anything else but the seed, the step count and the run's id and folder
-    the same)."""
+    configuration: everything the same but the seed, the step count and what ``gyre run``
+    fills in as it starts (the run's id and folder, and the starting policy's folder, which
+    the recorded config names where ``config`` may still say ``warm-start``)."""
     if costs.seed == config.seed:
         raise CostsFileError(
             f"the costs of run {costs.run_id} were measured on seed {costs.seed}, this run's seed: "
             "a prediction before the run needs costs from another seed"
         )
+    recorded = parse_config(costs.config_toml)
     other = msgspec.structs.replace(
-        parse_config(costs.config_toml),
+        recorded,
         seed=config.seed,
         steps=config.steps,
         run_id=config.run_id,
         run_dir=config.run_dir,
+        model=msgspec.structs.replace(recorded.model, init=config.model.init),
     )
     if other != config:
         differ = [
