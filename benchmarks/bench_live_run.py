@@ -118,23 +118,25 @@ def main() -> None:
                 f"{args.predict_from} holds no costs of bench_live_run (a policies benchmark's file?)"
             )
 
+    load_before = os.getloadavg()
+    before: SimResult | None = None
+    if args.run is None:
+        config = parse_config(args.config.read_text()) if args.config else parse_config("")
+        if args.steps:
+            config = msgspec.structs.replace(config, steps=args.steps)
+        if args.run_seed is not None:
+            config = msgspec.structs.replace(config, seed=args.run_seed)
+        # Made and printed before the run starts, so nothing of this run can go into it.
+        before = _predict(other, config, args.sim_seed)
+
     env = {
         "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or _fresh_database(),
         "GYRE_REDIS_URL": os.environ.get("GYRE_REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     print(f"database: {env['GYRE_DATABASE_URL']}", flush=True)
-    load_before = os.getloadavg()
-    before: SimResult | None = None
     with tempfile.TemporaryDirectory(prefix="gyre-bench-live-") as tmp:
         run_id = args.run
         if run_id is None:
-            config = parse_config(args.config.read_text()) if args.config else parse_config("")
-            if args.steps:
-                config = msgspec.structs.replace(config, steps=args.steps)
-            if args.run_seed is not None:
-                config = msgspec.structs.replace(config, seed=args.run_seed)
-            # Made and printed before the run starts, so nothing of this run can go into it.
-            before = _predict(other, config, args.sim_seed)
             # The demo's data directory by default: its warm-started policy is cached there.
             env["GYRE_DATA_DIR"] = os.environ.get("GYRE_DATA_DIR", str(Path.home() / ".gyre"))
             run_id = _run(to_toml(config), env, Path(tmp))
