@@ -64,7 +64,7 @@ def test_ablation_table_prints_roles_and_verdicts(tmp_path: Path) -> None:
     out = tmp_path / "table.json"
     done = _gyre("--preset", "ablation-table", "--seeds", "1", "--json", str(out))
     assert done.returncode == 0, done.stderr
-    assert "held out" in done.stdout and "denominator" in done.stdout
+    assert "changed after seen" in done.stdout and "denominator" in done.stdout
     rows = json.loads(out.read_text())["rows"]
     assert [r["row"] for r in rows][:2] == ["A0", "A1"]
     assert all(r["met"] == (abs(r["residual"]) <= 0.05) for r in rows)
