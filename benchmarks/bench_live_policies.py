@@ -88,7 +88,7 @@ def _predict(policy: str, earlier: dict[str, RunCosts], args: argparse.Namespace
     """The prediction for ``policy`` from another seed's costs of it, printed; None without."""
     if policy not in earlier:
         if args.predict_from:
-            print(f"   no prediction: {args.predict_from} holds no {policy} run", flush=True)
+            print(f"{policy}: no prediction, {args.predict_from} holds no {policy} run", flush=True)
         return None
     try:
         predicted = live_costs.predict(
@@ -96,7 +96,7 @@ def _predict(policy: str, earlier: dict[str, RunCosts], args: argparse.Namespace
         )
     except CostsFileError as exc:
         raise SystemExit(f"--predict-from, {policy}: {exc}") from exc
-    print(f"   predicted before the run, from seed {earlier[policy].seed}'s costs alone: "
+    print(f"{policy}: predicted before the runs, from seed {earlier[policy].seed}'s costs alone: "
           f"{live_costs.simulated_s(predicted):.1f} s", flush=True)  # fmt: skip
     return predicted
 
@@ -142,36 +142,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default="elastic,colocate,async")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed")
-    parser.add_argument(
-        "--predict-from",
-        type=Path,
-        help="a costs file an earlier run of this benchmark wrote (another seed): predict each run from it",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=ROOT / "out" / "bench_live_policies",
-        help="folder for this run's costs file",
-    )
+    live_costs.add_arguments(parser, "bench_live_policies")
     args = parser.parse_args()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if unknown := set(policies) - SHAPES.keys():
         parser.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(SHAPES)}")
-    earlier: dict[str, RunCosts] = {}
-    if args.predict_from:
-        try:
-            earlier = live_costs.load(args.predict_from)
-        except CostsFileError as exc:
-            parser.error(str(exc))
+    earlier = live_costs.load_argument(parser, args)
+    # Made and printed before any run starts, so nothing of these runs can go into them.
+    ahead = {policy: _predict(policy, earlier, args) for policy in policies}
 
     rows: dict[str, dict[str, Any]] = {}
     measured: dict[str, RunCosts] = {}
     with scratch_database(args.pg, "gyre_bench_policies") as url, tempfile.TemporaryDirectory() as tmp:
         for policy in policies:
             load_before = os.getloadavg()[0]
-            # Made and printed before the run starts, so nothing of this run can go into it.
-            before = _predict(policy, earlier, args)
+            before = ahead[policy]
             summary = _run(policy, args, url, Path(tmp))
             run_id = summary["run_id"]
             config = parse_config(summary["config_toml"])
@@ -188,8 +173,7 @@ def main() -> None:
                 "costs": costs,
                 "load": (load_before, os.getloadavg()[0]),
             }
-    costs_file = args.out / f"costs-seed{args.seed}.json"
-    live_costs.save(costs_file, measured)
+    costs_file = live_costs.save(args.out, args.seed, measured)
 
     print(
         "\nthe same workload, live (every figure from the run's log) beside the simulator: fed each run's own"

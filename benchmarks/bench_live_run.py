@@ -97,26 +97,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="override the config's steps")
     parser.add_argument("--seed", dest="run_seed", type=int, help="override the config's seed")
     parser.add_argument("--run", help="read this run from the database instead of starting one")
-    parser.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed")
-    parser.add_argument(
-        "--predict-from",
-        type=Path,
-        help="a costs file an earlier run wrote (another seed, same configuration): predict this run from it",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "out" / "bench_live_run", help="folder for this run's costs file"
-    )
+    live_costs.add_arguments(parser, "bench_live_run")
     args = parser.parse_args()
-    other: RunCosts | None = None
-    if args.predict_from:
-        try:
-            other = live_costs.load(args.predict_from).get("run")
-        except CostsFileError as exc:
-            parser.error(str(exc))
-        if other is None:
-            parser.error(
-                f"{args.predict_from} holds no costs of bench_live_run (a policies benchmark's file?)"
-            )
+    other = live_costs.load_argument(parser, args).get("run")
+    if args.predict_from and other is None:
+        parser.error(f"{args.predict_from} holds no costs of bench_live_run (a policies benchmark's file?)")
 
     load_before = os.getloadavg()
     before: SimResult | None = None
@@ -153,8 +138,7 @@ def main() -> None:
             cells = cell_time(log, run_id)
             costs, predicted = predict_run(log, run_id, config.sched(), seed=args.sim_seed)
             mine = live_costs.measured(log, run_id, toml, costs.cluster)
-    costs_file = args.out / f"costs-seed{config.seed}.json"
-    live_costs.save(costs_file, {"run": mine})
+    costs_file = live_costs.save(args.out, config.seed, {"run": mine})
 
     print(f"\nrun {run_id}: {config.policy}, K={config.cells} trainer cells, "
           f"{config.rollout_engines} engines x {config.engine_capacity}, B={config.B} N={config.N}, "

@@ -10,6 +10,7 @@ also writes the costs it measured to a file (a ``RunCosts`` per policy, under
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import msgspec
@@ -48,10 +49,37 @@ def measured(log: EventLog, run_id: str, config_toml: str, cluster: ClusterConfi
     )
 
 
-def save(path: Path, costs: dict[str, RunCosts]) -> None:
-    """Write ``costs`` (by policy) as JSON to ``path``, creating its folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def add_arguments(parser: argparse.ArgumentParser, benchmark: str) -> None:
+    """The live benchmarks' common options: the simulator's seed, ``--predict-from`` and
+    ``--out`` (default ``out/<benchmark>``)."""
+    parser.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed")
+    parser.add_argument(
+        "--predict-from",
+        type=Path,
+        help="a costs file an earlier run of this benchmark wrote (another seed, the same "
+        "configuration): predict this run from it before it starts",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "out" / benchmark, help="folder for this run's costs file"
+    )
+
+
+def load_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, RunCosts]:
+    """The costs ``--predict-from`` names (empty without it); a bad file is a usage error."""
+    if args.predict_from is None:
+        return {}
+    try:
+        return load(args.predict_from)
+    except CostsFileError as exc:
+        parser.error(str(exc))
+
+
+def save(folder: Path, seed: int, costs: dict[str, RunCosts]) -> Path:
+    """Write ``costs`` (by policy) as JSON to ``folder``/costs-seed<seed>.json; return its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"costs-seed{seed}.json"
     path.write_bytes(msgspec.json.format(msgspec.json.encode(costs)))
+    return path
 
 
 def load(path: Path) -> dict[str, RunCosts]:
