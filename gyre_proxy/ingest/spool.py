@@ -69,7 +69,7 @@ class RecordSpool:
         batch: int = 64,
         linger_s: float = 0.02,
         max_backoff_s: float = 2.0,
-        segment_bytes: int = 64 << 20,
+        segment_bytes: int = 1 << 20,
         lock_wait_s: float = 60.0,
         store: str = "",
         on_written: Callable[[str], None] | None = None,

@@ -1,10 +1,10 @@
 """The record spool's files: the journal its records wait in, the dead letters, the answers log.
 
 ``SpoolJournal`` is an append-only folder of segment files, one length- and CRC-framed record
-after another, locked to one process. A record is framed and written when it is submitted, and
-a segment is emptied (the current one truncated, an older one deleted) once every record in it
-is written to the store; what a process leaves behind is read back by the next one on the same
-folder. ``DeadLetters`` keeps each record the store refused for good as one JSON line, and
+after another, locked to one process. A record is framed and written when it is submitted;
+segments rotate at ``segment_bytes``, an older one is deleted once every record in it is
+written to the store, and the current one carries a written mark (everything before it is in
+the store). What a process leaves behind is read back by the next one on the same folder. ``DeadLetters`` keeps each record the store refused for good as one JSON line, and
 ``AnswerLog`` one JSON line per model-call record the proxy staged. No threads, no store.
 """
 
@@ -36,8 +36,10 @@ from gyre_store.log import EventMetadata, EventRegistry, NewEvent, Payload
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<II")  # frame length, CRC-32 of the frame
+_MARK = struct.Struct("<Q")  # a segment's written mark: the offset before which all is written
 SEGMENT_PREFIX = "segment-"
 SEGMENT_SUFFIX = ".spool"
+MARK_SUFFIX = ".written"
 
 
 class _Frame(msgspec.Struct, array_like=True, frozen=True):
@@ -113,7 +115,7 @@ class Unreadable:
 
 
 class SpoolJournal:
-    """Segment files in ``directory``, written by ``append`` and emptied by ``done``.
+    """Segment files in ``directory``, written by ``append``, deleted (or marked written) by ``done``.
 
     The folder is locked (``flock``) while the journal is open; a second process waits up to
     ``lock_wait_s`` for it (a predecessor still writing out its spool) and then raises
@@ -129,7 +131,7 @@ class SpoolJournal:
         directory: Path,
         registry: EventRegistry,
         *,
-        segment_bytes: int = 64 << 20,
+        segment_bytes: int = 1 << 20,
         lock_wait_s: float = 60.0,
         store: str = "",
     ) -> None:
@@ -153,15 +155,21 @@ class SpoolJournal:
             self.set_aside = directory / f"store-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
             self.set_aside.mkdir()
             for number in found:
-                self._path(number).rename(self.set_aside / self._path(number).name)
+                for path in (self._path(number), self._mark(number)):
+                    if path.exists():
+                        path.rename(self.set_aside / path.name)
             tag.rename(self.set_aside / "store")
             found = []
         if store:
             tag.write_text(store)
+        for mark in directory.glob(f"{SEGMENT_PREFIX}*{MARK_SUFFIX}"):
+            if not mark.with_suffix(SEGMENT_SUFFIX).exists():
+                mark.unlink()  # its segment was deleted, and the process died before this
         for number in found:
             self._read(number, registry)
         self._current = (found[-1] + 1) if found else 1
         self._size = 0
+        self._mark_fd = -1
         self._open_current()
         self._dir_unsynced = True
 
@@ -169,16 +177,27 @@ class SpoolJournal:
     def _path(self, number: int) -> Path:
         return self.directory / f"{SEGMENT_PREFIX}{number:08d}{SEGMENT_SUFFIX}"
 
+    def _mark(self, number: int) -> Path:
+        """Where a segment's written mark is: every frame before that offset is in the store."""
+        return self.directory / f"{SEGMENT_PREFIX}{number:08d}{MARK_SUFFIX}"
+
     def _open_current(self) -> None:
         fd = os.open(self._path(self._current), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._fds[self._current] = fd
         self._pending.setdefault(self._current, 0)
+        if self._mark_fd >= 0:
+            os.close(self._mark_fd)
+        self._mark_fd = os.open(self._mark(self._current), os.O_WRONLY | os.O_CREAT, 0o600)
 
     def _read(self, number: int, registry: EventRegistry) -> None:
         """Take a left-behind segment's records into ``replayed``; set aside what does not read."""
         path = self._path(number)
         data = path.read_bytes()
-        offset, count = 0, 0
+        mark = self._mark(number)
+        written = (
+            _MARK.unpack(mark.read_bytes())[0] if mark.exists() and mark.stat().st_size == _MARK.size else 0
+        )
+        offset, count = (written if written <= len(data) else 0), 0
         while offset < len(data):
             reason = ""
             if len(data) - offset < _HEADER.size:
@@ -212,6 +231,7 @@ class SpoolJournal:
                 os.fsync(f.fileno())  # a predecessor may have died before syncing it
         else:
             path.unlink()
+            mark.unlink(missing_ok=True)
 
     # -- the spool's calls -----------------------------------------------------------------------
     def append(self, record: NewEvent) -> int:
@@ -224,6 +244,8 @@ class SpoolJournal:
         frame = encode_frame(record)
         with self._mutex:
             if self._size >= self._segment_bytes:
+                # A new file, never a truncated one: truncating a file the event loop appends to
+                # would make those appends wait on the truncation (a metadata change to journal).
                 self._unsynced.add(self._current)  # its fd stays open until it is synced
                 self._current += 1
                 self._size = 0
@@ -263,8 +285,9 @@ class SpoolJournal:
                     os.close(self._fds.pop(number))
 
     def done(self, segments: Iterable[int]) -> None:
-        """The records appended to ``segments`` (one number per record) are in the store: a
-        segment with nothing left is emptied (the current one truncated, an older one deleted)."""
+        """The records appended to ``segments`` (one number per record) are in the store: an
+        older segment with nothing left is deleted, and the current one's written mark moves
+        to its end (a later process sends nothing before it)."""
         with self._mutex:
             touched = set()
             for number in segments:
@@ -274,11 +297,9 @@ class SpoolJournal:
                 if self._pending[number]:
                     continue
                 if number == self._current:
-                    if self._size:
-                        # O_APPEND: the next record lands at the new end, 0. Unsynced, a crash may
-                        # bring the written records back; sent again they are no-ops (their keys).
-                        os.ftruncate(self._fds[number], 0)
-                        self._size = 0
+                    # Not synced: a crash may leave an older mark, and records before the end
+                    # are sent again; their keys make that a no-op.
+                    os.pwrite(self._mark_fd, _MARK.pack(self._size), 0)
                 else:
                     del self._pending[number]
                     self._unsynced.discard(number)
@@ -286,12 +307,7 @@ class SpoolJournal:
                     if fd is not None:
                         os.close(fd)
                     self._path(number).unlink(missing_ok=True)
-
-    @property
-    def waiting(self) -> int:
-        """Records in the journal not yet written to the store."""
-        with self._mutex:
-            return sum(self._pending.values())
+                    self._mark(number).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Close the files and release the folder; records not yet written stay in it."""
@@ -299,6 +315,7 @@ class SpoolJournal:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            os.close(self._mark_fd)
             os.close(self._lock_fd)
 
 

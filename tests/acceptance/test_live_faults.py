@@ -5,7 +5,9 @@ engine's process mid-execution, kills the satellite mid-batch, kills the control
 PostgreSQL for a few seconds, and finally kills `gyre run` itself and starts it again with the
 same run id. The run must finish every step, and the log must show that the harnesses saw no
 model-API error, every micro-step counted exactly once, the scheduler's decisions replay
-exactly, nothing recorded was lost, and every policy version was published once.
+exactly, every policy version was published once, and nothing the proxy answered was lost:
+the model calls the proxy noted in its answers log as it answered them (over all its lives)
+and the model-call records in the store are the same, one to one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from gyre_proxy.ingest.spool_files import AnswerLog
 from tests import pgcluster
 from tests.acceptance.conftest import ROOT, assert_replay_clean, gyre
 
@@ -100,6 +103,51 @@ def _wait(
         time.sleep(0.2)
 
 
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None once it is gone (or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _descendants(pid: int) -> dict[int, int]:
+    """Every process below ``pid`` now, with when it started (so a reused pid is not mistaken for it)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # the name before it may hold spaces
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p: start for p in found if (start := _started(p)) is not None}
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(ended)"
+
+
+def _wait_gone(processes: dict[int, int], timeout_s: float = 120) -> None:
+    """Until every one of ``processes`` (pid: start) has ended."""
+    deadline = time.monotonic() + timeout_s
+    while alive := [p for p, start in processes.items() if _started(p) == start]:
+        if time.monotonic() > deadline:
+            commands = {p: _command(p) for p in alive}
+            raise AssertionError(
+                f"processes of the killed gyre run still alive after {timeout_s} s: {commands}"
+            )
+        time.sleep(0.1)
+
+
 def _count(url: str, event_type: str, where: str = "") -> int:
     try:
         rows = _rows(url, f"SELECT count(*) FROM gyre_events WHERE event_type = %s {where}", event_type)
@@ -160,10 +208,13 @@ def test_a_live_run_survives_its_faults(cluster: pgcluster.PrivateCluster, tmp_p
         faults.append(("PostgreSQL started", time.time()))
         # 5. gyre run itself dies; started again with the same run id, it continues
         _wait("step 1 closed", lambda: _count(url, "batch.closed") >= 2, run, tmp_path)
+        old_life = _descendants(run.pid)
         run.kill()
         run.wait(30)
         faults.append(("gyre run killed", time.time()))
-        time.sleep(2)  # its processes end with it (they get SIGTERM when it dies)
+        # Its processes end with it (they get SIGTERM when it dies); the next life starts only
+        # once they have, as a process manager restarting it would see them.
+        _wait_gone(old_life)
         again = gyre("run", "--config", str(config), "--run-id", RUN, "--json", str(tmp_path / "run.json"),
                      "--quiet", env={k: v for k, v in env.items() if k.startswith("GYRE_")}, timeout=900)  # fmt: skip
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -221,12 +272,24 @@ def test_a_live_run_survives_its_faults(cluster: pgcluster.PrivateCluster, tmp_p
         counted = [m for (m,) in _rows(url, "SELECT (body->>'micro_step')::int FROM gyre_events WHERE "
                                             "event_type = 'train.contribution' AND (body->>'batch')::int = %s", batch)]  # fmt: skip
         assert sorted(counted) == list(range(micro_steps)), batch
-    # Nothing recorded was lost over the outage: every execution that completed has its model calls.
+    # Nothing the proxy answered was lost over the faults: each model call it noted as it staged
+    # the call's record (before the harness got the end of the answer) is in the store, and the
+    # store holds no call it did not note, one to one, execution by execution.
+    answered = [
+        (a["execution_id"], a["request_id"])
+        for a in AnswerLog.read(tmp_path / "data" / "runs" / RUN / "logs" / "proxy-answers.jsonl")
+    ]
+    stored = _rows(url, "SELECT body->>'execution_id', body->>'request_id' FROM gyre_events "
+                        "WHERE event_type = 'model_call.recorded'")  # fmt: skip
+    assert answered and len(set(answered)) == len(answered)
+    missing, unnoted = set(answered) - set(stored), set(stored) - set(answered)
+    assert not missing and not unnoted and len(stored) == len(answered), (
+        f"answered but not stored: {sorted(missing)}; stored but never answered: {sorted(unnoted)}"
+    )
+    assert _count(url, "record.quarantined") == 0
     completed = {e for (e,) in _rows(url, "SELECT body->>'execution_id' FROM gyre_events WHERE event_type = "
                                           "'execution.finished' AND body->>'reason' = 'completed'")}  # fmt: skip
-    called = {e for (e,) in _rows(url, "SELECT DISTINCT body->>'execution_id' FROM gyre_events "
-                                       "WHERE event_type = 'model_call.recorded'")}  # fmt: skip
-    assert completed and completed <= called
+    assert completed and completed <= {e for e, _ in answered}
     # The new controller went on from the log: the decisions replay exactly, none twice.
     replay = gyre("sched", "replay", "--run", RUN, env={"GYRE_DATABASE_URL": url})
     assert_replay_clean(replay, "differ", "violations")

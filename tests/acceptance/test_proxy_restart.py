@@ -82,21 +82,31 @@ def wait_for_calls(database_url: str, execution_id: str, count: int) -> list[Mod
     return calls
 
 
-def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution(
-    fresh_database_url: str, tmp_path: Path
-) -> None:
+def scripted_execution(
+    database_url: str, tmp_path: Path, outputs: list[str], execution_id: str
+) -> tuple[ReferenceEngineConfig, int, dict[str, str]]:
+    """A reference engine answering ``outputs`` in order, the proxy's port, and an execution
+    registered for it (its key and base URL) as `gyre executions new` prints it."""
     script = tmp_path / "script.json"
-    script.write_text(json.dumps({"outputs": [TOOL_CALL, "There are two files."], "rule": "in_order"}))
+    script.write_text(json.dumps({"outputs": outputs, "rule": "in_order"}))
     engine_config = ReferenceEngineConfig(
         source=ModelSource(tokenizer="qwen", seed=0), max_context=8192, script=script
     )
     port = free_port()
     registered = gyre(
-        "executions", "new", "--json", "--run-id", "restart-run", "--execution-id", "ex-restart",
-        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": fresh_database_url},
+        "executions", "new", "--json", "--run-id", f"{execution_id}-run", "--execution-id", execution_id,
+        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": database_url},
     )  # fmt: skip
     assert registered.returncode == 0, registered.stderr
-    execution = json.loads(registered.stdout)
+    return engine_config, port, json.loads(registered.stdout)
+
+
+def test_a_killed_proxy_process_restarted_on_the_database_continues_an_execution(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    engine_config, port, execution = scripted_execution(
+        fresh_database_url, tmp_path, [TOOL_CALL, "There are two files."], "ex-restart"
+    )
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in this folder?"}]
 
     with ReferenceEngineServer(engine_config) as engine:
@@ -157,19 +167,8 @@ def test_a_proxy_killed_while_the_database_refuses_writes_loses_no_answered_call
     SIGKILL before it could write them. Started again on the same spool folder once the
     database takes writes again, the proxy writes them before it serves, and the execution
     goes on from the last of them. The store holds exactly the calls the proxy answered."""
-    script = tmp_path / "script.json"
     outputs = ["One.", "Two.", "Three.", "Four."]
-    script.write_text(json.dumps({"outputs": outputs, "rule": "in_order"}))
-    engine_config = ReferenceEngineConfig(
-        source=ModelSource(tokenizer="qwen", seed=0), max_context=8192, script=script
-    )
-    port = free_port()
-    registered = gyre(
-        "executions", "new", "--json", "--run-id", "outage-run", "--execution-id", "ex-outage",
-        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": fresh_database_url},
-    )  # fmt: skip
-    assert registered.returncode == 0, registered.stderr
-    execution = json.loads(registered.stdout)
+    engine_config, port, execution = scripted_execution(fresh_database_url, tmp_path, outputs, "ex-outage")
     messages: list[dict[str, Any]] = []
 
     def turn(n: int) -> None:
@@ -216,18 +215,9 @@ def test_sigterm_writes_the_spooled_records_before_the_proxy_exits(
 ) -> None:
     """A process manager stops `gyre proxy serve` with SIGTERM. Records the spool still holds
     (here: held back by a lock on the event table) are written before the process exits."""
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps({"outputs": ["There are two files."], "rule": "in_order"}))
-    engine_config = ReferenceEngineConfig(
-        source=ModelSource(tokenizer="qwen", seed=0), max_context=8192, script=script
+    engine_config, port, execution = scripted_execution(
+        fresh_database_url, tmp_path, ["There are two files."], "ex-term"
     )
-    port = free_port()
-    registered = gyre(
-        "executions", "new", "--json", "--run-id", "term-run", "--execution-id", "ex-term",
-        "--proxy-url", f"http://127.0.0.1:{port}", env={"GYRE_DATABASE_URL": fresh_database_url},
-    )  # fmt: skip
-    assert registered.returncode == 0, registered.stderr
-    execution = json.loads(registered.stdout)
 
     with (
         ReferenceEngineServer(engine_config) as engine,
