@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+import msgspec
+
 from gyre_proxy.exceptions import SpoolClosed
 from gyre_proxy.ingest.spool_files import AnswerLog, DeadLetters, SpoolJournal
 from gyre_store import ModelCallRecorded, RecordQuarantined, StoreUnavailable, StreamVersionConflict
@@ -163,7 +165,8 @@ class RecordSpool:
         if self._journal is not None:
             try:
                 segment = self._journal.append(record)
-            except OSError as exc:
+            except (OSError, msgspec.EncodeError, TypeError) as exc:  # the disk, or a record that
+                # does not encode (the writer's checks will refuse it too): the answer goes on
                 self.journal_failures += 1
                 log.error(
                     "record spool: cannot write %s to the journal (%s); it waits in memory only, "
@@ -239,6 +242,11 @@ class RecordSpool:
             if not self._write(batch):
                 self._abandon()
                 return
+            if self._journal is not None:  # before the count drops: a flush sees the files as left
+                try:
+                    self._journal.done(item.segment for item in batch if item.segment >= 0)
+                except OSError as exc:  # they are written; a later process would send them again, as no-ops
+                    log.error("record spool: cannot mark written records in the journal (%s)", exc)
             with self._idle:
                 self._in_flight -= len(batch)
                 for item in batch:
@@ -252,8 +260,6 @@ class RecordSpool:
                         self._by_stream.pop(stream, None)
                     if self._on_written is not None:
                         self._on_written(stream)
-                if self._journal is not None:
-                    self._journal.done(item.segment for item in batch if item.segment >= 0)
                 self._idle.notify_all()
 
     def _write(self, items: list[_Item]) -> bool:
@@ -340,8 +346,9 @@ class RecordSpool:
         if self._journal is not None:
             try:
                 segment = self._journal.append(note)
-            except OSError:
+            except OSError as exc:
                 self.journal_failures += 1
+                log.error("record spool: cannot write the quarantine note to the journal (%s)", exc)
         with self._idle:
             self._in_flight += 1
         self._notes.append(_Item(note, segment, note=True))
