@@ -8,13 +8,17 @@ import logging
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gyre_proxy.ingest import RecordSpool
 from gyre_proxy.ingest.spool_files import DeadLetters
+from gyre_proxy.service import ProxyConfig, ProxyService
 from gyre_store import RecordQuarantined
 from gyre_store.trees import TrajectoryRecorder
 from tests.unit.proxy.spool_stores import StoreLog, is_bad, started, started_ids
+
+pytestmark = pytest.mark.anyio
 
 
 def test_the_records_behind_one_the_store_refuses_are_written(
@@ -60,3 +64,17 @@ def test_a_record_refused_while_the_store_is_down_is_noted_once_it_answers(tmp_p
     spool.close()
     assert [r.event_type for r in log.read(0)] == ["record.quarantined", "execution.started"]
     assert started_ids(log) == ["c"] and spool.retries > 0
+
+
+async def test_the_proxy_reports_what_its_spool_set_aside_on_health(tmp_path: Path) -> None:
+    service = ProxyService(StoreLog(), ProxyConfig(engines=[], spool_dir=tmp_path / "spool"))
+    service.spool.submit(started(""))  # refused by the checks before the store
+    assert service.spool.flush(10)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=service.app), base_url="http://proxy"
+    ) as http:
+        health = (await http.get("/health")).json()
+    service.spool.close()
+    assert health["status"] == "ok"
+    assert health["spool_quarantined"] == 1 and health["spool_lost"] == 0 and health["spool_pending"] == 0
+    assert health["spool_written"] == 0
