@@ -16,6 +16,7 @@ from gyre_store import PostgresEventLog, RetryPolicy, StoreConfig
 from gyre_store.db import migrate
 from gyre_store.log import StreamId
 from tests import pgcluster
+from tests.real_servers import require
 
 
 @pytest.fixture
@@ -28,8 +29,8 @@ def engine(tmp_path: Path) -> Iterator[ReferenceEngineServer]:
         yield server
 
 
-@pytest.mark.skipif(not pgcluster.available(), reason="PostgreSQL server binaries not found")
 def test_records_wait_in_the_spool_while_the_database_is_down(engine: ReferenceEngineServer) -> None:
+    require("postgres_binaries", pgcluster.missing())
     cluster = pgcluster.PrivateCluster().init()
     try:
         migrate.upgrade(cluster.url)
