@@ -3,21 +3,27 @@
 ``issue_key`` records an ``execution.key_issued`` event holding the key's SHA-256 (the key
 itself is shown once, never stored); ``StoreKeys`` resolves keys by folding those events,
 re-reading the log on a miss so a key issued by another process is found, and at most
-``recheck_s`` after its last read so a key revoked by another process stops working.
+``recheck_s`` after its last read so a key revoked by another process stops working. While
+the store is unavailable a known key keeps its last state (a harness in flight is not failed
+by an outage it cannot see); a revocation then takes effect once the store answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable
 
 from gyre_proxy.chat import ExecutionAuth
+from gyre_store import StoreUnavailable
 from gyre_store.catalog import ApiKeyIssued, ApiKeyRevoked
 from gyre_store.log import EventLog, NewEvent
+
+log = logging.getLogger(__name__)
 
 KEY_TYPES = ("execution.key_issued", "execution.key_revoked")
 
@@ -58,6 +64,7 @@ class StoreKeys:
         self._recheck_s = recheck_s
         self._clock = clock
         self._read_at = float("-inf")
+        self.stale_answers = 0  # known keys answered from memory while the store was unreadable
 
     def _stale(self) -> bool:
         return self._clock() - self._read_at > self._recheck_s
@@ -83,9 +90,20 @@ class StoreKeys:
                 self._position = events[-1].position
 
     def resolve_sync(self, api_key: str) -> ExecutionAuth | None:
+        """The execution ``api_key`` writes into, None for an unknown or revoked key; raises
+        ``StoreUnavailable`` only for a key never seen while the store cannot be read."""
         h = key_hash(api_key)
         if h not in self._keys or self._stale():
-            self._refresh()
+            try:
+                self._refresh()
+            except StoreUnavailable as exc:
+                if h not in self._keys:
+                    raise
+                # A recheck, not a first lookup: answering from memory keeps the execution's
+                # calls (and their records, which the spool holds) going through the outage.
+                # Only a revocation recorded meanwhile waits until the store answers.
+                self.stale_answers += 1
+                log.warning("key store unreadable (%s): answering a known key from memory", exc)
         return self._keys.get(h)
 
     async def resolve(self, api_key: str) -> ExecutionAuth | None:

@@ -29,9 +29,9 @@ import pytest
 from gyre_proxy.ingest.spool_files import AnswerLog
 from tests import pgcluster
 from tests.acceptance.conftest import ROOT, assert_replay_clean, gyre
+from tests.real_servers import require
 
 pytestmark = [
-    pytest.mark.skipif(not pgcluster.available(), reason="needs PostgreSQL's binaries for a private cluster"),
     pytest.mark.timeout(1500),
 ]
 
@@ -66,6 +66,7 @@ heldout = false
 
 @pytest.fixture
 def cluster() -> Iterator[pgcluster.PrivateCluster]:
+    require("postgres_binaries", pgcluster.missing())
     cluster = pgcluster.PrivateCluster().init()
     try:
         yield cluster

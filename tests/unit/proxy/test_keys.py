@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gyre_proxy.service import StoreKeys, issue_key, revoke_key
-from gyre_store import InMemoryEventLog
+from gyre_store import InMemoryEventLog, StoreUnavailable
 
 
 class _Clock:
@@ -65,3 +67,37 @@ def test_a_key_issued_while_the_log_is_read_is_not_skipped() -> None:
     assert keys.resolve_sync("gyre-unknown") is None  # the read that finds nothing; a key lands
     auth = keys.resolve_sync(log.key)
     assert auth is not None and auth.execution_id == "late"
+
+
+class _Outage(InMemoryEventLog):
+    """A log that can be made unreadable, as a database outage makes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def head(self) -> int:
+        if self.down:
+            raise StoreUnavailable("the database is down")
+        return super().head()
+
+
+def test_a_known_key_is_answered_from_memory_while_the_store_is_down() -> None:
+    log = _Outage()
+    clock = _Clock()
+    keys = StoreKeys(log, recheck_s=1.0, clock=clock)
+    key = issue_key(log, execution_id="ex", run_id="run", harness="claude-code")
+    auth = keys.resolve_sync(key)
+    assert auth is not None
+    log.down = True
+    clock.now = 5.0  # past the recheck: the read fails, the known key still resolves
+    assert asyncio.run(keys.resolve(key)) == auth
+    assert keys.stale_answers == 1
+    # A key this proxy never saw cannot be vouched for: the outage is the caller's error.
+    with pytest.raises(StoreUnavailable):
+        keys.resolve_sync("gyre-never-issued")
+    # Once the store answers, a revocation recorded meanwhile takes effect.
+    log.down = False
+    revoke_key(log, key)
+    clock.now = 10.0
+    assert keys.resolve_sync(key) is None
