@@ -31,6 +31,9 @@ def gyre_process(
     port = port or free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     base.update(env or {})
+    if args[:2] == ["proxy", "serve"] and "--spool-dir" not in args:
+        # Beside the test's log, not under the user's ~/.gyre, where it would outlive the test.
+        base.setdefault("GYRE_PROXY_SPOOL_DIR", str(log.parent / f"proxy-spool-{port}"))
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "gyre_tools.cli", *args, "--port", str(port)],

@@ -55,6 +55,7 @@ def workers(database_url: str, tmp_path: Path) -> Iterator[tuple[str, subprocess
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     env["GYRE_DATABASE_URL"] = database_url
+    env["GYRE_PROXY_SPOOL_DIR"] = str(tmp_path / "spool")  # not under the user's ~/.gyre
     log = tmp_path / "proxy.log"
     with ReferenceEngineServer(config) as engine, log.open("ab") as out:
         process = subprocess.Popen(
