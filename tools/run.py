@@ -51,6 +51,7 @@ from gyre_store import (
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
+from gyre_tools.restarts import RestartPolicy
 from gyre_tools.run_config import DEMO, RunConfig, parse_config, read_config, to_toml
 from gyre_tools.run_outputs import cell_time_summary, write_outputs
 from gyre_tools.warmstart import ensure_policy
@@ -149,8 +150,9 @@ class LiveRun:
     commands: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
-    max_restarts: int = 5
-    _restarted: dict[str, list[float]] = field(default_factory=dict)
+    max_restarts: int = 5  # deaths in a row (each soon after its start) that end the run
+    _policies: dict[str, RestartPolicy] = field(default_factory=dict)
+    _spawned: dict[str, float] = field(default_factory=dict)
     _due: dict[str, float] = field(default_factory=dict)
     _lifecycle: Lifecycle = field(default_factory=lambda: Lifecycle(""))
     phases: dict[str, float] = field(default_factory=dict)  # seconds each phase of gyre run took
@@ -261,6 +263,7 @@ class LiveRun:
         }
 
     def _spawn(self, name: str) -> None:
+        self._spawned[name] = time.monotonic()
         out = (Path(self.config.run_dir) / "logs" / f"{name}.log").open("ab")
         self.children[name] = subprocess.Popen(
             self.commands[name],
@@ -272,25 +275,28 @@ class LiveRun:
 
     def _check_children(self) -> None:
         """Start again a process that died: each recovers its state from the log (the trainer
-        from the last publication), so the run goes on. A restart waits 2^n seconds (n: the
-        restarts of the last minute, so a database outage is waited out rather than burned
-        through); more than ``max_restarts`` within a minute ends the run."""
+        from the last publication), so the run goes on. A restart waits 2^n seconds, and more
+        than ``max_restarts`` deaths in a row, each soon after its start, end the run
+        (``RestartPolicy``)."""
         now = time.monotonic()
         for name, child in list(self.children.items()):
             code = child.poll()
             if code is None:
                 continue
-            recent = [t for t in self._restarted.get(name, []) if now - t < 60.0]
             log = f"{self.config.run_dir}/logs/{name}.log"
-            if len(recent) >= self.max_restarts:
-                self.failed = (
-                    f"the {name} process exited {code}, {len(recent) + 1} times in a minute (see {log})"
-                )
-                raise RunFailed(self.failed)
-            if now < self._due.setdefault(name, now + 2.0 ** len(recent)):
+            if name not in self._due:
+                policy = self._policies.setdefault(name, RestartPolicy(max_in_a_row=self.max_restarts))
+                pause = policy.died(lived_s=now - self._spawned.get(name, now))
+                if pause is None:
+                    self.failed = (
+                        f"the {name} process exited {code}, {policy.in_a_row} times in a row, each soon "
+                        f"after it started (see {log})"
+                    )
+                    raise RunFailed(self.failed)
+                self._due[name] = now + pause
+            if now < self._due[name]:
                 continue
             del self._due[name]
-            self._restarted[name] = [*recent, now]
             self.restarts[name] = self.restarts.get(name, 0) + 1
             console.print(f"[yellow]the {name} process exited {code}; starting it again (see {log})[/yellow]")
             self._spawn(name)

@@ -34,6 +34,7 @@ from gyre_store import (
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
+from gyre_tools.restarts import RestartPolicy
 from gyre_tools.run_config import RunConfig, parse_config
 from gyre_train import (
     AdmissionConfig,
@@ -234,14 +235,17 @@ class Trainers:
     started again as a whole when any of them dies: a dead elastic cell would leave its
     transition, and its engine's capacity, unfinished; each cell of the new world takes up its
     role from its steps in the log. The new world resumes after
-    the run's last publication (``resume_point``). More than ``MAX_RESTARTS`` within a minute
-    gives up."""
+    the run's last publication (``resume_point``). More than ``MAX_RESTARTS`` deaths in a row,
+    each soon after the world started (``RestartPolicy``), give up: a failure every start
+    repeats ends the node agent (exit 3), and with it the run, instead of looping."""
 
     make: Callable[[], NodeAgent]
     any_cell: bool = False  # elastic cells: any cell's death starts the world again
     agent: NodeAgent | None = None
-    restarts: list[float] = field(default_factory=list)
+    policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(max_in_a_row=Trainers.MAX_RESTARTS))
+    started_at: float = field(default_factory=time.monotonic)
     down_since: float | None = None
+    pause_s: float = 0.0
     noted: set[str] = field(default_factory=set)
     gave_up: str = ""
 
@@ -249,6 +253,7 @@ class Trainers:
 
     def __post_init__(self) -> None:
         self.agent = self.make().__enter__()
+        self.started_at = time.monotonic()
 
     def pids(self) -> dict[str, int | None]:
         return self.agent.pids() if self.agent is not None else {}
@@ -267,21 +272,24 @@ class Trainers:
                 return note
             agent.__exit__(None, None, None)
             self.agent, self.down_since = None, time.monotonic()
+            pause = self.policy.died(lived_s=self.down_since - self.started_at)
+            if pause is None:
+                self.gave_up = f"{self.policy.in_a_row} deaths in a row, each soon after the cells started"
+                return note
+            self.pause_s = pause
+        if self.gave_up:
+            return note
         now = time.monotonic()
-        self.restarts = [t for t in self.restarts if now - t < 60.0]
-        if len(self.restarts) >= self.MAX_RESTARTS:
-            self.gave_up = f"{len(self.restarts)} restarts within a minute"
-            return note
         assert self.down_since is not None
-        if now - self.down_since < 2.0 ** len(self.restarts):
+        if now - self.down_since < self.pause_s:
             return note
-        self.restarts.append(now)
         self.noted.clear()
         try:
             self.agent = self.make().__enter__()  # reads the resume point from the log
         except StoreUnavailable as exc:
-            self.down_since = now  # the next try after the next pause
+            self.down_since = now  # the next try after the same pause
             return f"trainer cells not started again yet: {exc}"
+        self.started_at = time.monotonic()
         started = "trainer cells started again, resuming after the last publication"
         return f"{note}; {started}" if note else started
 
