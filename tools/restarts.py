@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The exit code of a supervisor that gave up on what it supervises (a node agent on its trainer
+# world): the run ends at once rather than starting it again, which would only repeat that.
+GAVE_UP = 3
+
 
 @dataclass
 class RestartPolicy:

@@ -51,7 +51,7 @@ from gyre_store import (
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
-from gyre_tools.restarts import RestartPolicy
+from gyre_tools.restarts import GAVE_UP, RestartPolicy
 from gyre_tools.run_config import DEMO, RunConfig, parse_config, read_config, to_toml
 from gyre_tools.run_outputs import cell_time_summary, write_outputs
 from gyre_tools.warmstart import ensure_policy
@@ -284,6 +284,9 @@ class LiveRun:
             if code is None:
                 continue
             log = f"{self.config.run_dir}/logs/{name}.log"
+            if code == GAVE_UP:
+                self.failed = f"the {name} process gave up on what it runs (exit {code}; see {log})"
+                raise RunFailed(self.failed)
             if name not in self._due:
                 policy = self._policies.setdefault(name, RestartPolicy(max_in_a_row=self.max_restarts))
                 pause = policy.died(lived_s=now - self._spawned.get(name, now))

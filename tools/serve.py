@@ -34,7 +34,7 @@ from gyre_store import (
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
-from gyre_tools.restarts import RestartPolicy
+from gyre_tools.restarts import GAVE_UP, RestartPolicy
 from gyre_tools.run_config import RunConfig, parse_config
 from gyre_train import (
     AdmissionConfig,
@@ -220,7 +220,7 @@ def run_node(args: argparse.Namespace) -> int:
                         pid_file.write_text(json.dumps(written))
                     if trainers.gave_up:
                         console.print(f"[red]trainer cells keep failing: {trainers.gave_up}[/red]")
-                        return 3
+                        return GAVE_UP
                     stop.wait(0.2)
             finally:
                 trainers.close()
