@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gyre_tools.restarts import RestartPolicy
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gyre_store import InMemoryEventLog
+from gyre_tools.restarts import GAVE_UP, RestartPolicy
+from gyre_tools.run import LiveRun, RunFailed
+from gyre_tools.run_config import RunConfig
 
 
 def test_a_failure_every_start_repeats_is_given_up_on_even_when_starts_take_long() -> None:
@@ -58,3 +66,32 @@ def test_a_trainer_world_whose_core_dies_at_every_start_is_given_up_on() -> None
             break
     assert trainers.gave_up  # before the fix it restarted the world for as long as it ran
     assert _DyingWorld.starts == 1 + 3  # the first start, then three restarts
+
+
+class _Exited:
+    """A child process of ``gyre run`` that has ended with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
+
+
+def _live_run(tmp_path: Path, code: int) -> LiveRun:
+    run = LiveRun(log=InMemoryEventLog(), requested=RunConfig(), data_dir=tmp_path, run_id_arg=None)
+    run.config = msgspec.structs.replace(RunConfig(), run_dir=str(tmp_path))
+    run.children = {"node-0": _Exited(code)}  # type: ignore[dict-item]
+    return run
+
+
+def test_gyre_run_ends_at_once_when_a_node_agent_gave_up(tmp_path: Path) -> None:
+    run = _live_run(tmp_path, GAVE_UP)
+    with pytest.raises(RunFailed, match="gave up"):
+        run._check_children()
+
+
+def test_any_other_exit_is_started_again_after_its_pause(tmp_path: Path) -> None:
+    run = _live_run(tmp_path, 1)
+    run._check_children()  # the first death in a row: started again after 1 s, not now
+    assert run.failed is None and "node-0" in run._due
