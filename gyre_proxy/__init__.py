@@ -13,6 +13,8 @@ from gyre_proxy.api import ApiSettings, build_app, proxy_server
 from gyre_proxy.chat import Answerer, ChatRequest, ChatResponse, ExecutionAuth, KeyResolver, StreamEvent
 from gyre_proxy.exceptions import (
     ApiError,
+    ChatFormatError,
+    CheckpointLoadError,
     ContextTooLong,
     GyreProxyError,
     InvalidRequest,
@@ -21,6 +23,7 @@ from gyre_proxy.exceptions import (
     RateLimited,
     RequestTooLarge,
     ServerStartError,
+    TemplateNotIncremental,
     Unauthorized,
 )
 from gyre_proxy.harness import ClaudeCodeHarness, GenericHarness, HarnessPlugin
@@ -43,8 +46,10 @@ __all__ = [
     "Answerer",
     "ApiError",
     "ApiSettings",
+    "ChatFormatError",
     "ChatRequest",
     "ChatResponse",
+    "CheckpointLoadError",
     "ClaudeCodeHarness",
     "ContextTooLong",
     "ExecutionAuth",
@@ -67,6 +72,7 @@ __all__ = [
     "ServerThread",
     "StoreKeys",
     "StreamEvent",
+    "TemplateNotIncremental",
     "TraceConfig",
     "TraceGenerator",
     "Unauthorized",

@@ -35,6 +35,9 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
      │              ├── TransferUnavailable
      │              └── TransferFailed
      ├── ServerStartError
+     ├── ChatFormatError
+     │    ├── CheckpointLoadError
+     │    └── TemplateNotIncremental
      ├── SpoolError
      │    ├── SpoolInUse
      │    └── SpoolClosed
@@ -219,6 +222,19 @@ class TransferFailed(KvRefused):
 
 class ServerStartError(GyreProxyError):
     """An HTTP server (the proxy or the reference engine) did not start."""
+
+
+class ChatFormatError(GyreProxyError):
+    """The policy's tokenizer or chat template cannot render a conversation."""
+
+
+class CheckpointLoadError(ChatFormatError):
+    """A checkpoint's tokenizer or chat template cannot be loaded (the message names the file)."""
+
+
+class TemplateNotIncremental(ChatFormatError):
+    """The chat template renders a conversation differently from its own prefix, in a way
+    that token-in/token-out recording cannot follow (the message names the message)."""
 
 
 class SpoolError(GyreProxyError):

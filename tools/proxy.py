@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre_proxy import (
+    ChatFormatError,
     ProxyConfig,
     ProxyService,
     WorkerSync,
@@ -48,6 +49,14 @@ def register(subparsers: Any) -> None:
         "GYRE_PROXY_MODEL",
         default="gyre-policy",
         help="model name reported to clients",
+    )
+    add_env_argument(
+        serve,
+        "--model",
+        "GYRE_PROXY_MODEL_DIR",
+        default=None,
+        help="a save_pretrained checkpoint folder: its tokenizer.json and chat template render "
+        "every request (default: the bundled Qwen3.6 vocabulary and gyre's Qwen3 template)",
     )
     add_env_argument(
         serve,
@@ -165,6 +174,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ProxyConfig(
         engines=_engines(args),
         model_name=args.model_name,
+        model_dir=Path(args.model) if args.model else None,
         harness=args.harness,
         context_limit=args.context_limit,
         host=args.host,
@@ -188,7 +198,11 @@ def run_serve(args: argparse.Namespace) -> int:
         with open_store(args) as opened:
             # A spool folder keeps its records for the database they were staged for.
             config = dataclasses.replace(config, spool_store=opened.services.database_url.split("@")[-1])
-            with ProxyService(opened.log, config, sock=sock, sync=sync, worker=worker) as service:
+            try:
+                proxy = ProxyService(opened.log, config, sock=sock, sync=sync, worker=worker)
+            except ChatFormatError as exc:  # the checkpoint's tokenizer or template: one line
+                raise SystemExit(f"gyre proxy serve: {exc}") from None
+            with proxy as service:
                 if args.gc_threshold > 0:
                     tune_gc(args.gc_threshold)
                 follower = threading.Thread(target=service.follow, args=(stop,), daemon=True)

@@ -15,7 +15,14 @@ from gyre_proxy.answer.machine import (
     Stage,
     StopEngine,
 )
-from gyre_proxy.answer.output_parser import OutputParser, parse_output, parse_tool_call, stop_reason_for
+from gyre_proxy.answer.output_parser import (
+    JsonToolCallParser,
+    OutputParser,
+    parse_output,
+    parse_tool_call,
+    parser_for,
+    stop_reason_for,
+)
 from gyre_proxy.answer.pipeline import AnswerPipeline, ExecutionSync
 from gyre_proxy.answer.routing import Binding, Lookup, RoutedEngine, Router
 
@@ -27,6 +34,7 @@ __all__ = [
     "Binding",
     "ExecutionSync",
     "GiveUp",
+    "JsonToolCallParser",
     "Lookup",
     "OutputParser",
     "Reroute",
@@ -36,5 +44,6 @@ __all__ = [
     "StopEngine",
     "parse_output",
     "parse_tool_call",
+    "parser_for",
     "stop_reason_for",
 ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gyre_proxy.answer.output_parser import OutputParser
+from gyre_proxy.answer.output_parser import parser_for
 from gyre_proxy.chat import Block, ChatRequest, Message, Role, StreamEvent
 from gyre_proxy.engines import FinishKind, GenerateDelta, IncrementalText, SamplingConfig, Tokenizer
 from gyre_proxy.exceptions import WeightVersionInvalid
@@ -101,6 +101,8 @@ class AnswerMachine:
         request_id: str,
         tokenizer: Tokenizer,
         stop_ids: tuple[int, ...],
+        family: str = "qwen",
+        thinking_open: bool = False,
         max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
         self.request = request
@@ -111,7 +113,7 @@ class AnswerMachine:
         self._prepared = prepared
         self._stop_ids = stop_ids
         self._max_attempts = max_attempts
-        self._parser = OutputParser(thinking_open=False)
+        self._parser = parser_for(family)(thinking_open=thinking_open)  # the template's family reads it
         self._decoded = IncrementalText(tokenizer, skip=stop_ids)  # the output's visible text
         self._sent = 0  # characters of it fed to the parser (the harness has them)
         # Text that could be the start of a stop sequence is held back this many characters.

@@ -19,6 +19,7 @@ gives the same blocks. Malformed markup is never an error: it stays in the text.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 
@@ -61,8 +62,52 @@ class _ToolCall(msgspec.Struct):
 _tool_call_decoder = msgspec.json.Decoder(_ToolCall)
 
 
+FUNCTION_OPEN = "<function="
+PARAMETER_OPEN = "<parameter="
+
+
+def parse_xml_tool_call(body: str) -> tuple[str, str] | None:
+    """``(name, arguments JSON)`` from Qwen3.5/3.6's form, or None if malformed::
+
+        <function=NAME>
+        <parameter=KEY>
+        VALUE
+        </parameter>
+        </function>
+
+    A value that parses as JSON other than a string (a number, an object) is that value;
+    anything else is the text, as the template writes strings unquoted."""
+    text = body.strip()
+    if not text.startswith(FUNCTION_OPEN) or not text.endswith("</function>"):
+        return None
+    head, _, rest = text[len(FUNCTION_OPEN) :].partition(">")
+    name = head.strip()
+    rest = rest[: -len("</function>")]
+    arguments: dict[str, object] = {}
+    while rest.strip():
+        rest = rest.lstrip("\n")
+        if not rest.startswith(PARAMETER_OPEN):
+            return None
+        key, _, rest = rest[len(PARAMETER_OPEN) :].partition(">")
+        value, found, rest = rest.partition("</parameter>")
+        if not found or not key.strip():
+            return None
+        value = value.removeprefix("\n").removesuffix("\n")
+        try:
+            parsed = msgspec.json.decode(value.encode())
+        except msgspec.DecodeError:
+            parsed = value
+        arguments[key.strip()] = value if isinstance(parsed, str) else parsed
+    if not name or "\n" in name:
+        return None
+    return name, json.dumps(arguments, ensure_ascii=False)  # as a template's tojson writes it
+
+
 def parse_tool_call(body: str) -> tuple[str, str] | None:
-    """``(name, raw arguments JSON)`` from the text between the tags, or None if malformed."""
+    """``(name, raw arguments JSON)`` from the text between the tags, or None if malformed:
+    Hermes JSON (``{"name": ..., "arguments": {...}}``) or Qwen3.5/3.6's XML form."""
+    if body.lstrip().startswith(FUNCTION_OPEN):
+        return parse_xml_tool_call(body)
     try:
         call = _tool_call_decoder.decode(body.encode())
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -117,23 +162,17 @@ class _Segment:
         return TextBlock(text) if self.kind is BlockKind.TEXT else ThinkingBlock(text)
 
 
-class OutputParser:
-    """Incremental parser: ``feed`` text chunks, then ``finish`` once; see the module rules."""
+class _BlockWriter:
+    """What every output parser shares: the blocks closed so far, the text or thinking block
+    being written, tool-use blocks, and the ``MessageDone`` that ends the output. A subclass
+    gives ``flush``."""
 
-    def __init__(
-        self, *, thinking_open: bool = False, id_factory: Callable[[], str] = new_tool_use_id
-    ) -> None:
-        self._thinking_open = thinking_open
+    def __init__(self, id_factory: Callable[[], str]) -> None:
         self._new_id = id_factory
         self._buf = ""
-        self._state = "start"  # start | think | text | tool
-        self._next_index = 0
         self._segment: _Segment | None = None
         self._blocks: list[Block] = []
         self._finished = False
-        self._scanned = 0  # how far the open tool call's text was searched for its end tag
-
-    # -- public ------------------------------------------------------------------------------
 
     @property
     def blocks(self) -> tuple[Block, ...]:
@@ -144,15 +183,8 @@ class OutputParser:
     def has_tool_use(self) -> bool:
         return any(isinstance(b, ToolUseBlock) for b in self._blocks)
 
-    def feed(self, chunk: str) -> list[StreamEvent]:
-        """Events for ``chunk``; text that may begin a tag is held back until it is decided."""
-        if self._finished:
-            raise RuntimeError("OutputParser.feed after finish")
-        self._buf += chunk
-        out: list[StreamEvent] = []
-        while self._step(out, final=False):
-            pass
-        return out
+    def flush(self) -> list[StreamEvent]:
+        raise NotImplementedError
 
     def finish(
         self,
@@ -168,6 +200,51 @@ class OutputParser:
         out.append(MessageDone(reason, input_tokens, output_tokens, seq))
         return out
 
+    def _segment_for(self, kind: BlockKind) -> _Segment:
+        if self._segment is None:
+            self._segment = _Segment(kind, len(self._blocks))
+        return self._segment
+
+    def _close_segment(self, out: list[StreamEvent]) -> None:
+        if self._segment is None:
+            return
+        block = self._segment.close(out)
+        if block is not None:
+            self._blocks.append(block)
+        self._segment = None
+
+    def _tool_use(self, name: str, arguments: str, out: list[StreamEvent]) -> None:
+        """A complete tool call: its block opened, its whole input, closed."""
+        index, tool_id = len(self._blocks), self._new_id()
+        out.append(BlockStart(index, BlockKind.TOOL_USE, tool_use_id=tool_id, tool_name=name))
+        out.append(ToolInputDelta(index, arguments))
+        out.append(BlockStop(index))
+        self._blocks.append(ToolUseBlock(tool_id, name, arguments))
+
+
+class OutputParser(_BlockWriter):
+    """Incremental parser: ``feed`` text chunks, then ``finish`` once; see the module rules."""
+
+    def __init__(
+        self, *, thinking_open: bool = False, id_factory: Callable[[], str] = new_tool_use_id
+    ) -> None:
+        super().__init__(id_factory)
+        self._thinking_open = thinking_open
+        self._state = "start"  # start | think | text | tool
+        self._scanned = 0  # how far the open tool call's text was searched for its end tag
+
+    # -- public ------------------------------------------------------------------------------
+
+    def feed(self, chunk: str) -> list[StreamEvent]:
+        """Events for ``chunk``; text that may begin a tag is held back until it is decided."""
+        if self._finished:
+            raise RuntimeError("OutputParser.feed after finish")
+        self._buf += chunk
+        out: list[StreamEvent] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
     def flush(self) -> list[StreamEvent]:
         """End of output: everything still held is decided as if no more text could come."""
         out: list[StreamEvent] = []
@@ -180,20 +257,6 @@ class OutputParser:
         return out
 
     # -- the state machine ----------------------------------------------------------------------
-
-    def _segment_for(self, kind: BlockKind) -> _Segment:
-        if self._segment is None:
-            self._segment = _Segment(kind, self._next_index)
-        return self._segment
-
-    def _close_segment(self, out: list[StreamEvent]) -> None:
-        if self._segment is None:
-            return
-        block = self._segment.close(out)
-        if block is not None:
-            self._blocks.append(block)
-            self._next_index += 1
-        self._segment = None
 
     def _step(self, out: list[StreamEvent], *, final: bool) -> bool:
         """Consume what can be decided now; True if the state changed and another step may help."""
@@ -264,13 +327,7 @@ class OutputParser:
             self._segment_for(BlockKind.TEXT).push(TOOL_OPEN + body + TOOL_CLOSE, out)
             return True
         self._close_segment(out)
-        name, arguments = parsed
-        index, tool_id = self._next_index, self._new_id()
-        out.append(BlockStart(index, BlockKind.TOOL_USE, tool_use_id=tool_id, tool_name=name))
-        out.append(ToolInputDelta(index, arguments))
-        out.append(BlockStop(index))
-        self._blocks.append(ToolUseBlock(tool_id, name, arguments))
-        self._next_index += 1
+        self._tool_use(*parsed, out)
         return True
 
 
@@ -313,3 +370,89 @@ def parse_output(
         output_tokens=output_tokens,
         stop_sequence=seq,
     )
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+class _JsonCall(msgspec.Struct):
+    name: str
+    parameters: msgspec.Raw = msgspec.Raw(b"")
+    arguments: msgspec.Raw = msgspec.Raw(b"")
+
+
+_json_call_decoder = msgspec.json.Decoder(_JsonCall)
+
+
+def parse_json_tool_call(text: str) -> tuple[str, str] | None:
+    """``(name, raw arguments JSON)`` from a Llama 3 style call ``{"name": ..., "parameters": {...}}``
+    (``arguments`` is accepted too), or None if ``text`` is not one."""
+    try:
+        call = _json_call_decoder.decode(text.strip().encode())
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    raw = bytes(call.parameters).decode() or bytes(call.arguments).decode() or "{}"
+    if not call.name.strip() or not raw.startswith("{"):
+        return None
+    return call.name, raw
+
+
+class JsonToolCallParser(_BlockWriter):
+    """Llama 3 style output: text, or one tool call per line as a JSON object, optionally after
+    ``<|python_tag|>``. Output that starts (after whitespace) with ``{`` or the tag is held until
+    the end and becomes tool calls if every line parses as one, else text; any other output is
+    text, streamed as it comes. Same interface as ``OutputParser``."""
+
+    def __init__(self, *, id_factory: Callable[[], str] = new_tool_use_id) -> None:
+        super().__init__(id_factory)
+        self._mode = "start"  # start | text | call
+
+    def feed(self, chunk: str) -> list[StreamEvent]:
+        if self._finished:
+            raise RuntimeError("JsonToolCallParser.feed after finish")
+        self._buf += chunk
+        out: list[StreamEvent] = []
+        if self._mode == "start":
+            head = self._buf.lstrip()
+            if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+                return out
+            self._mode = "call" if head.startswith(("{", PYTHON_TAG)) else "text"
+        if self._mode == "text":
+            self._segment_for(BlockKind.TEXT).push(self._buf, out)
+            self._buf = ""
+        return out
+
+    def flush(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        if self._finished:
+            return out
+        self._finished = True
+        if self._mode != "text":
+            body = self._buf.strip()
+            body = body[len(PYTHON_TAG) :] if body.startswith(PYTHON_TAG) else body
+            lines = [line for line in body.split("\n") if line.strip()]
+            calls = [call for line in lines if (call := parse_json_tool_call(line)) is not None]
+            if lines and len(calls) == len(lines):
+                for name, arguments in calls:
+                    self._tool_use(name, arguments, out)
+                return out
+            self._segment_for(BlockKind.TEXT).push(self._buf, out)
+        self._close_segment(out)
+        return out
+
+
+AnyOutputParser = OutputParser | JsonToolCallParser
+
+
+def parser_for(family: str) -> Callable[..., AnyOutputParser]:
+    """The output parser of a chat-template family, called with ``thinking_open``: ``qwen``
+    (reasoning in ``<think>``, Hermes JSON or Qwen3.5/3.6 XML tool calls) or ``llama3`` (JSON
+    tool calls); a plug-in per family."""
+    factories: dict[str, Callable[..., AnyOutputParser]] = {
+        "qwen": lambda thinking_open=False: OutputParser(thinking_open=thinking_open),
+        "llama3": lambda thinking_open=False: JsonToolCallParser(),
+    }
+    try:
+        return factories[family]
+    except KeyError:
+        raise ValueError(f"no output parser for the family {family!r}; one of {sorted(factories)}") from None

@@ -109,7 +109,7 @@ class AnswerPipeline:
         self._seqs: dict[str, _Sequences] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
         self.tok = ingestor.template.tok
-        self._stop_ids = (self.tok.special("<|im_end|>"), self.tok.special("<|endoftext|>"))
+        self._stop_ids = ingestor.template.stop_ids
         self.rerouted = 0
         self.moved = 0  # requests in flight cancelled because the scheduler moved their execution
         self.kv_migrated = 0  # of those, the ones whose KV cache went with them
@@ -329,6 +329,8 @@ class AnswerPipeline:
             request_id=f"req-{uuid.uuid4().hex[:16]}",
             tokenizer=self.tok,
             stop_ids=self._stop_ids,
+            family=self.ingestor.template.family,
+            thinking_open=self.ingestor.template.opens_thinking(request.thinking),
         )
         timing = _Timing(time.time())
         routed: RoutedEngine | None = None

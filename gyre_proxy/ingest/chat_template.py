@@ -1,25 +1,44 @@
-"""The Qwen3 chat template (ChatML), rendered one message at a time with provenance.
+"""Chat formats: how a conversation becomes token ids, one message at a time, with provenance.
 
-Each message renders to ``[\\n] <|im_start|>role\\n content <|im_end|>``: the newline that
-follows an ``<|im_end|>`` is written as the start of the next message, so every message
-(and every sampled answer, which ends with ``<|im_end|>``) ends on a message boundary and
-a history can be extended without re-rendering what is already stored. The text is what
+``ChatFormat`` is what the proxy renders with. ``Qwen3Template`` is gyre's hand-written
+Qwen3 template, the demo's default (with the bundled Qwen3.6 vocabulary);
+``gyre_proxy.ingest.jinja_format.JinjaChatFormat`` runs a checkpoint's own template.
+
+``Qwen3Template``: each message renders to ``[\\n] <|im_start|>role\\n content <|im_end|>``: the
+newline that follows an ``<|im_end|>`` is written as the start of the next message, so every
+message (and every sampled answer, which ends with ``<|im_end|>``) ends on a message boundary
+and a history can be extended without re-rendering what is already stored. The text is what
 Qwen3's official template writes for the same messages: tool definitions as ``json.dumps``
 writes them (``", "`` and ``": "``), one newline before each ``<tool_call>``, tool results
 as user turns of ``<tool_response>`` blocks, no system turn when there is neither a system
-prompt nor a tool. One deliberate difference: reasoning in earlier turns is kept (the
-official template drops it), because a stored history keeps the tokens as they were sampled.
+prompt nor a tool. The markup it writes that is an added token of the vocabulary
+(``<|im_start|>``, ``<think>``, ``<tool_call>``, ...) is that one id; text from the harness
+is encoded as text (``encode_pieces``). One deliberate difference: reasoning in earlier turns
+is kept (the official template drops it), because a stored history keeps the tokens as they
+were sampled.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import msgspec
+import numpy as np
 
-from gyre_proxy.chat import Message, Role, TextBlock, ThinkingBlock, ToolResultBlock, ToolSpec, ToolUseBlock
-from gyre_proxy.engines import Tokenizer
+from gyre_proxy.chat import (
+    ChatRequest,
+    Message,
+    Role,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+)
+from gyre_proxy.engines import Tokenizer, encode_pieces
 from gyre_store.catalog import Provenance
 
 TOOLS_PREAMBLE = (
@@ -44,29 +63,69 @@ class Rendered:
         self.ids.extend(ids)
         self.prov.extend([int(prov)] * len(ids))
 
+    def extend(self, other: Rendered) -> None:
+        self.ids.extend(other.ids)
+        self.prov.extend(other.prov)
+
     def __len__(self) -> int:
         return len(self.ids)
+
+
+Piece = tuple[str, Provenance, bool]  # text, its provenance, whether the template wrote it
+
+
+def render_pieces(tok: Tokenizer, pieces: Sequence[Piece]) -> Rendered:
+    """``pieces`` encoded together (``encode_pieces``): markup's added tokens as single ids."""
+    ids, owner = encode_pieces(tok, [(text, markup) for text, _, markup in pieces])
+    provs = np.asarray([int(p) for _, p, _ in pieces] or [0], dtype=np.int64)
+    return Rendered(ids, provs[owner].tolist() if len(ids) else [])
+
+
+class ChatFormat(Protocol):
+    """How the policy's conversations become token ids (see the module docstring)."""
+
+    tok: Tokenizer
+    family: str  # picks the output parser: "qwen" (Hermes tool calls) or "llama3"
+    stop_ids: tuple[int, ...]  # ids that end a generation
+    end_ids: frozenset[int]  # ids a complete answer ends with (a message boundary)
+
+    def render_new(
+        self, request: ChatRequest, messages: tuple[Message, ...], start: int
+    ) -> tuple[list[Rendered], Rendered]:
+        """``messages[start:]`` (``messages[0]`` is the system message) one Rendered each,
+        given that ``messages[:start]`` are stored already, and the generation prompt."""
+        ...
+
+    def render_output(self, message: Message) -> Rendered:
+        """What the model emits for an assistant message, its end token included."""
+        ...
+
+    def opens_thinking(self, thinking: bool) -> bool:
+        """Whether the generation prompt opens a reasoning block the output continues
+        (Qwen3.5/3.6 end it with ``<think>`` when thinking is on)."""
+        ...
 
 
 class Qwen3Template:
     """Renders messages, the generation prompt and (for synthetic traces) model outputs."""
 
+    family = "qwen"
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tok = tokenizer
         self.im_start = tokenizer.special("<|im_start|>")
         self.im_end = tokenizer.special("<|im_end|>")
-        self._nl = tokenizer.encode("\n")
+        self.stop_ids: tuple[int, ...] = (self.im_end, tokenizer.special("<|endoftext|>"))
+        self.end_ids = frozenset({self.im_end})
 
-    def _open(self, out: Rendered, role: str, first: bool) -> None:
-        if not first:
-            out.add(self._nl, Provenance.TEMPLATE)
-        out.add([self.im_start], Provenance.TEMPLATE)
-        out.add(self.tok.encode(f"{role}\n"), Provenance.TEMPLATE)
+    @staticmethod
+    def _open(out: list[Piece], role: str, first: bool) -> None:
+        out.append((("" if first else "\n") + f"<|im_start|>{role}\n", Provenance.TEMPLATE, True))
 
     def tools_text(self, tools: tuple[ToolSpec, ...]) -> str:
         """The tool section: each definition as the template's ``tojson`` writes it, which is
         ``json.dumps`` with its default separators, keys in the client's order, non-ASCII kept."""
-        lines = [json.dumps(_definition(t), ensure_ascii=False) for t in tools]
+        lines = [json.dumps(tool_definition(t), ensure_ascii=False) for t in tools]
         return TOOLS_PREAMBLE + "".join("\n" + line for line in lines) + TOOLS_POSTAMBLE
 
     @staticmethod
@@ -75,86 +134,113 @@ class Qwen3Template:
         a system prompt or a tool)."""
         return bool(system or tools)
 
+    def render_new(
+        self, request: ChatRequest, messages: tuple[Message, ...], start: int
+    ) -> tuple[list[Rendered], Rendered]:
+        # Without a system turn the first message opens the context (no newline before it).
+        opens = 1 if not self.has_system(request.system, request.tools) else None
+        parts = [
+            self.render_system(request.system, request.tools)
+            if i == 0
+            else self.render_message(messages[i], first=i == opens)
+            for i in range(start, len(messages))
+        ]
+        return parts, self.generation_prompt(thinking=request.thinking)
+
     def render_system(self, system: str, tools: tuple[ToolSpec, ...]) -> Rendered:
-        out = Rendered()
         if not self.has_system(system, tools):
-            return out
+            return Rendered()
+        out: list[Piece] = []
         self._open(out, "system", first=True)
-        text = system
+        out.append((system, Provenance.SYSTEM, False))
         if tools:
-            text = (system + "\n\n" if system else "") + self.tools_text(tools)
-        out.add(self.tok.encode(text), Provenance.SYSTEM)
-        out.add([self.im_end], Provenance.TEMPLATE)
-        return out
+            # The section's tags are markup; the definitions come from the client (text).
+            out.append(((("\n\n" if system else "") + TOOLS_PREAMBLE), Provenance.SYSTEM, True))
+            for t in tools:
+                out.append(("\n", Provenance.SYSTEM, True))
+                out.append((json.dumps(tool_definition(t), ensure_ascii=False), Provenance.SYSTEM, False))
+            out.append((TOOLS_POSTAMBLE, Provenance.SYSTEM, True))
+        out.append(("<|im_end|>", Provenance.TEMPLATE, True))
+        return render_pieces(self.tok, out)
 
     def render_message(self, message: Message, *, first: bool = False) -> Rendered:
         """One message of the history (the system message goes through render_system)."""
-        out = Rendered()
+        out: list[Piece] = []
         if message.role == Role.ASSISTANT:
             self._open(out, "assistant", first)
             self._assistant_body(out, message, Provenance.INJECTED_ASSISTANT)
         elif message.role == Role.SYSTEM:
             # A system (developer) turn later in the history, where the client put it.
             self._open(out, "system", first)
-            out.add(self.tok.encode(message.text()), Provenance.SYSTEM)
+            out.append((message.text(), Provenance.SYSTEM, False))
         else:
             self._open(out, "user", first)
             for i, b in enumerate(message.blocks):
                 if i and isinstance(b, ToolResultBlock) != isinstance(message.blocks[i - 1], ToolResultBlock):
                     # Tool results and the user's own words are separate turns in the template.
-                    out.add([self.im_end], Provenance.TEMPLATE)
+                    out.append(("<|im_end|>", Provenance.TEMPLATE, True))
                     self._open(out, "user", first=False)
                 elif i:
-                    out.add(self._nl, Provenance.TEMPLATE)
+                    out.append(("\n", Provenance.TEMPLATE, True))
                 if isinstance(b, ToolResultBlock):
-                    out.add(self.tok.encode("<tool_response>\n"), Provenance.TEMPLATE)
-                    out.add(
-                        self.tok.encode(b.content),
-                        Provenance.CRITIQUE if b.critique else Provenance.TOOL_RESULT,
+                    out.append(("<tool_response>\n", Provenance.TEMPLATE, True))
+                    out.append(
+                        (b.content, Provenance.CRITIQUE if b.critique else Provenance.TOOL_RESULT, False)
                     )
-                    out.add(self.tok.encode("\n</tool_response>"), Provenance.TEMPLATE)
+                    out.append(("\n</tool_response>", Provenance.TEMPLATE, True))
                 elif isinstance(b, TextBlock):
-                    out.add(self.tok.encode(b.text), Provenance.CRITIQUE if b.critique else Provenance.USER)
-        out.add([self.im_end], Provenance.TEMPLATE)
-        return out
+                    out.append((b.text, Provenance.CRITIQUE if b.critique else Provenance.USER, False))
+        out.append(("<|im_end|>", Provenance.TEMPLATE, True))
+        return render_pieces(self.tok, out)
 
-    def _assistant_body(self, out: Rendered, message: Message, prov: Provenance) -> None:
-        text = ""
+    @staticmethod
+    def _assistant_body(out: list[Piece], message: Message, prov: Provenance) -> None:
+        wrote = False  # any text so far
+        after_think = False
         for b in message.blocks:
             if isinstance(b, ThinkingBlock):
-                text += f"<think>\n{b.thinking.strip(chr(10))}\n</think>\n\n"
-            elif isinstance(b, TextBlock):
-                text += b.text.lstrip("\n") if text.endswith("</think>\n\n") else b.text
+                out.append(("<think>\n", prov, True))
+                out.append((b.thinking.strip(chr(10)), prov, False))
+                out.append(("\n</think>\n\n", prov, True))
+                wrote, after_think = True, True
+                continue
+            if isinstance(b, TextBlock):
+                text = b.text.lstrip("\n") if after_think else b.text
+                out.append((text, prov, False))
+                wrote = wrote or bool(text)
             elif isinstance(b, ToolUseBlock):
-                call = (
-                    '{"name": '
-                    + msgspec.json.encode(b.name).decode()
-                    + ', "arguments": '
-                    + b.input_json
-                    + "}"
-                )
-                text += ("\n" if text else "") + f"<tool_call>\n{call}\n</tool_call>"
-        out.add(self.tok.encode(text), prov)
+                out.append((("\n" if wrote else "") + '<tool_call>\n{"name": ', prov, True))
+                out.append((msgspec.json.encode(b.name).decode(), prov, False))
+                out.append((', "arguments": ', prov, True))
+                out.append((b.input_json, prov, False))
+                out.append(("}\n</tool_call>", prov, True))
+                wrote = True
+            after_think = False
 
     def generation_prompt(self, *, thinking: bool) -> Rendered:
-        out = Rendered()
+        out: list[Piece] = []
         self._open(out, "assistant", first=False)
         if not thinking:
             # Qwen3's switch for answering without reasoning: an empty think block.
-            out.add(self.tok.encode("<think>\n\n</think>\n\n"), Provenance.TEMPLATE)
-        return out
+            out.append(("<think>\n\n</think>\n\n", Provenance.TEMPLATE, True))
+        return render_pieces(self.tok, out)
+
+    @staticmethod
+    def opens_thinking(thinking: bool) -> bool:
+        return False  # the model writes <think> itself
 
     def render_output(self, message: Message) -> Rendered:
         """What the model emits for an assistant message: its body and ``<|im_end|>``."""
-        out = Rendered()
+        out: list[Piece] = []
         self._assistant_body(out, message, Provenance.SAMPLED)
-        out.add([self.im_end], Provenance.SAMPLED)
-        return out
+        out.append(("<|im_end|>", Provenance.SAMPLED, True))
+        return render_pieces(self.tok, out)
 
 
-def _definition(tool: ToolSpec) -> dict[str, object]:
-    """A tool as the OpenAI-style definition the template is given; an empty description is left out."""
-    function: dict[str, object] = {"name": tool.name}
+def tool_definition(tool: ToolSpec) -> dict[str, Any]:
+    """A tool as the OpenAI-style definition chat templates are given; an empty description is
+    left out."""
+    function: dict[str, Any] = {"name": tool.name}
     if tool.description:
         function["description"] = tool.description
     function["parameters"] = json.loads(tool.input_schema_json)

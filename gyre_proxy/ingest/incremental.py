@@ -24,7 +24,7 @@ from gyre_proxy.chat import (
     system_message,
     system_sha,
 )
-from gyre_proxy.ingest.chat_template import Qwen3Template, Rendered
+from gyre_proxy.ingest.chat_template import ChatFormat, Rendered
 from gyre_store.catalog import HASH_WORDS
 from gyre_store.trees import ExecutionContext, PrefixPoint
 
@@ -119,11 +119,11 @@ def match_request(ctx: ExecutionContext, request: ChatRequest) -> Match:
     return Match(messages, hashes, whole, sha, exact, matched, prefix)
 
 
-def encode_request(ctx: ExecutionContext, template: Qwen3Template, request: ChatRequest) -> EncodedRequest:
+def encode_request(ctx: ExecutionContext, template: ChatFormat, request: ChatRequest) -> EncodedRequest:
     return encode_match(template, request, match_request(ctx, request))
 
 
-def encode_match(template: Qwen3Template, request: ChatRequest, match: Match) -> EncodedRequest:
+def encode_match(template: ChatFormat, request: ChatRequest, match: Match) -> EncodedRequest:
     """Tokenize what ``match`` left: the messages after the stored prefix and the generation prompt."""
     messages, hashes, whole, sha = match.messages, match.hashes, match.context_hash, match.system_sha
     empty_i = np.zeros(0, dtype=np.int32)
@@ -137,21 +137,13 @@ def encode_match(template: Qwen3Template, request: ChatRequest, match: Match) ->
     ends: list[int] = []
     indexed: list[bytes] = []  # the hashes of the messages in ``ends``
     base = 0 if prefix is None else prefix.offset
-    # Without a system turn the first message opens the context (no newline before it).
-    opens = 1 if not template.has_system(request.system, request.tools) else None
-    for i in range(matched, len(messages)):
-        if i == 0:
-            out_part = template.render_system(request.system, request.tools)
-        else:
-            out_part = template.render_message(messages[i], first=i == opens)
-        out.ids.extend(out_part.ids)
-        out.prov.extend(out_part.prov)
+    parts, gen = template.render_new(request, messages, matched)
+    for i, out_part in zip(range(matched, len(messages)), parts, strict=True):
+        out.extend(out_part)
         if len(out_part):  # a context without a system turn has nothing to index for it
             ends.append(base + len(out))
             indexed.append(hashes[i])
-    gen = template.generation_prompt(thinking=request.thinking)
-    out.ids.extend(gen.ids)
-    out.prov.extend(gen.prov)
+    out.extend(gen)
     new_hashes = b"".join(indexed)
     return EncodedRequest(
         prefix=prefix,

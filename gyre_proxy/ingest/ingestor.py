@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from gyre_proxy.chat import ChatRequest, Message
 from gyre_proxy.harness.plugin import CallTraits, HarnessPlugin
-from gyre_proxy.ingest.chat_template import Qwen3Template
+from gyre_proxy.ingest.chat_template import ChatFormat
 from gyre_proxy.ingest.critiques import CritiqueBook
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash
 from gyre_proxy.ingest.payloads import PayloadCache
@@ -41,7 +41,7 @@ class Ingestor:
     def __init__(
         self,
         recorder: TrajectoryRecorder,
-        template: Qwen3Template,
+        template: ChatFormat,
         plugin: HarnessPlugin,
         critiques: CritiqueBook | None = None,
         payloads: PayloadCache | None = None,
@@ -117,7 +117,7 @@ class Ingestor:
             assistant is not None
             and not aborted
             and n_out > 0
-            and int(output_ids[-1]) == self.template.im_end
+            and int(output_ids[-1]) in self.template.end_ids
         )
         arrays = TitoArrays(
             input_ids=enc.new_ids,
@@ -128,7 +128,7 @@ class Ingestor:
             output_logprobs=np.asarray(output_logprobs, dtype=np.float32),
             output_prov=np.full(n_out, Provenance.SAMPLED, dtype=np.uint8),
             output_trainable=np.full(n_out, trainable, dtype=np.bool_),
-            # Only a complete answer (ending in <|im_end|>) may be reused as history: a
+            # Only a complete answer (ending in its end token, <|im_end|> for Qwen) may be reused as history: a
             # truncated one comes back from the harness and is rendered whole instead.
             output_hash=output_hash(enc, assistant)
             if complete and assistant is not None

@@ -25,7 +25,7 @@ from gyre_proxy.answer import AnswerPipeline, Binding, ExecutionSync, Router
 from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.harness import plugin_for
-from gyre_proxy.ingest import CritiqueBook, Ingestor, Qwen3Template, RecordSpool
+from gyre_proxy.ingest import ChatFormat, CritiqueBook, Ingestor, Qwen3Template, RecordSpool, load_chat_format
 from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
 from gyre_store import EngineRegistered, ExecutionRerouted, ExecutionStarted, StoreUnavailable, subscribe
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 class ProxyConfig:
     engines: Sequence[tuple[str, str]]  # (name, base URL) of SGLang-API engines
     model_name: str = "gyre-policy"
+    # A save_pretrained folder whose tokenizer and chat template render requests (None: the
+    # bundled Qwen3.6 vocabulary and gyre's Qwen3 template).
+    model_dir: Path | None = None
     harness: str = "claude-code"
     context_limit: int = 131_072
     host: str = "127.0.0.1"
@@ -58,6 +61,12 @@ class ProxyConfig:
     spool_store: str = ""  # the store the records are for (its URL without credentials)
     answers_log: Path | None = None  # a JSON line per model-call record staged (``AnswerLog``)
     replay_wait_s: float = 30.0  # how long serving waits for the records a predecessor left
+
+
+def chat_format(model_dir: Path | None) -> ChatFormat:
+    """The checkpoint's tokenizer and template, or the demo's default (raises
+    ``CheckpointLoadError`` naming the file that cannot be loaded)."""
+    return Qwen3Template(qwen_tokenizer()) if model_dir is None else load_chat_format(model_dir)
 
 
 class ProxyService:
@@ -97,7 +106,7 @@ class ProxyService:
         )
         self.critiques = CritiqueBook(log)
         self.ingestor = Ingestor(
-            recorder, Qwen3Template(qwen_tokenizer()), plugin_for(config.harness), self.critiques
+            recorder, chat_format(config.model_dir), plugin_for(config.harness), self.critiques
         )
         self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
         self.pipeline = AnswerPipeline(

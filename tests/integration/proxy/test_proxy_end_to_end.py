@@ -327,15 +327,7 @@ NO_THINKING = "<think>\n\n</think>\n\n"  # Qwen3's switch for answering without 
     "thinking",
     [
         True,
-        pytest.param(
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="the template encodes its own <think></think> markup as ordinary text (8 tokens), "
-                "where Qwen's vocabulary and chat template have one token for each tag (4 tokens)",
-            ),
-        ),
+        False,
     ],
 )
 def test_count_tokens_counts_the_qwen_tokens_the_engine_receives(proxy: ProxyService, thinking: bool) -> None:

@@ -4,8 +4,10 @@ split characters held until complete, and work linear in the answer's length."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,6 +82,13 @@ class CountingTokenizer:
 
     def special(self, token: str) -> int:
         return self.inner.special(token)
+
+    @property
+    def specials(self) -> Mapping[str, int]:
+        return self.inner.specials
+
+    def byte_lengths(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return self.inner.byte_lengths(ids)
 
     @property
     def vocab_size(self) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.answer.output_parser import OutputParser, new_tool_use_id, parse_output
+from gyre_proxy.answer.output_parser import JsonToolCallParser, OutputParser, new_tool_use_id, parse_output
 from gyre_proxy.chat import (
     Block,
     BlockKind,
@@ -252,3 +253,37 @@ def test_well_formed_tool_calls_round_trip(
         json.loads(b.input_json) == args
         for b, (_, args, _) in zip(blocks[len(expected_text) :], calls, strict=True)
     )
+
+
+# -- the other families' syntax ----------------------------------------------------------------
+
+
+def _blocks_of(parser: Any, chunks: list[str]) -> tuple[Any, ...]:
+    for chunk in chunks:
+        parser.feed(chunk)
+    parser.finish(FinishKind.STOP, input_tokens=1, output_tokens=1)
+    return tuple(parser.blocks)
+
+
+def test_qwen35_xml_tool_calls_are_parsed() -> None:
+    text = "<tool_call>\n<function=Write>\n<parameter=path>\na.txt\n</parameter>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"
+    (block,) = parse_output(text).blocks
+    assert isinstance(block, ToolUseBlock) and block.name == "Write"
+    assert json.loads(block.input_json) == {"path": "a.txt", "n": 3}
+
+
+@pytest.mark.parametrize("cut", [1, 3, 7])
+def test_llama3_json_calls_text_and_malformed_calls(cut: int) -> None:
+    def chunks(text: str) -> list[str]:
+        return [text[i : i + cut] for i in range(0, len(text), cut)]
+
+    calls = (
+        '<|python_tag|>{"name": "Bash", "parameters": {"command": "ls"}}\n{"name": "Read", "arguments": {}}'
+    )
+    first, second = _blocks_of(JsonToolCallParser(), chunks(calls))
+    assert (first.name, json.loads(first.input_json)) == ("Bash", {"command": "ls"})
+    assert (second.name, second.input_json) == ("Read", "{}")
+    (text,) = _blocks_of(JsonToolCallParser(), chunks("  The answer is 4.  "))
+    assert isinstance(text, TextBlock) and text.text == "The answer is 4."
+    (bad,) = _blocks_of(JsonToolCallParser(), chunks('{"name": "Bash", "parameters": '))
+    assert isinstance(bad, TextBlock) and bad.text == '{"name": "Bash", "parameters":'
