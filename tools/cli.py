@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gyre_tools.ablate",
+    "gyre_tools.checkpoint",
     "gyre_tools.db",
     "gyre_tools.events",
     "gyre_tools.projections",
