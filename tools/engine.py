@@ -31,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "GYRE_ENGINE_MODEL_DIR",
         help="folder written by save_pretrained (a tokenizer.json there is used too)",
     )
+    source.add_argument(
+        "--model",
+        dest="model_dir",
+        default=argparse.SUPPRESS,
+        help="the same as --model-dir: a checkpoint folder, served with its own tokenizer.json and EOS",
+    )
     add_env_argument(
         serve, "--seed", "GYRE_ENGINE_SEED", default="0", type=int, help="weights and sampling seed"
     )

@@ -5,7 +5,11 @@
 #   tools/sglang_setup.sh                   # build (if needed), write the model, serve on :30000
 #   tools/sglang_setup.sh build             # only build SGLang's environment (if needed)
 #   tools/sglang_setup.sh model DIR         # write gyre's tiny Qwen3 (seed 0) to DIR
-#   tools/sglang_setup.sh serve DIR PORT    # serve the model in DIR on 127.0.0.1:PORT
+#   tools/sglang_setup.sh serve DIR PORT [ARGS]  # serve the model in DIR on 127.0.0.1:PORT
+#                                           # (ARGS: more launch_server options; a repeated
+#                                           # option overrides the default above it)
+#   tools/sglang_setup.sh python            # print the environment's python if it is built,
+#                                           # else exit 1 saying how to build it (gyre run's check)
 #   tools/sglang_setup.sh start STATE       # build, model, serve on a free port, wait for
 #                                           # health; reports through files in STATE (below)
 #
@@ -39,9 +43,14 @@ sglang_recipe() {
     gcc -shared -fPIC -o "$home/stubcuda/libcuda.so.1" "$home/stubcuda/stub.c"
 }
 
+# The stamp a complete build of this recipe leaves.
+wanted_stamp() {
+    { echo "$SGLANG_VERSION"; "$PYTHON" --version; declare -f sglang_recipe; } | sha256sum | cut -d' ' -f1
+}
+
 build() {
     local want
-    want="$({ echo "$SGLANG_VERSION"; "$PYTHON" --version; declare -f sglang_recipe; } | sha256sum | cut -d' ' -f1)"
+    want="$(wanted_stamp)"
     mkdir -p "$(dirname "$SGLANG_HOME")"
     # The lock lets several checkouts build at once: the second finds the first one's build.
     exec 9>"$SGLANG_HOME.lock"
@@ -93,7 +102,19 @@ serve() {
         --context-length "${GYRE_SGLANG_CONTEXT_LENGTH:-2048}" \
         --max-total-tokens 8192 \
         --sleep-on-idle \
-        --skip-server-warmup
+        --skip-server-warmup \
+        "${@:3}"
+}
+
+# gyre run's check before it starts SGLang engines: the environment's python, or why not.
+python_path() {
+    if [[ -f "$SGLANG_HOME/.gyre-stamp" && "$(cat "$SGLANG_HOME/.gyre-stamp")" == "$(wanted_stamp)" \
+        && -x "$SGLANG_HOME/venv/bin/python" ]]; then
+        echo "$SGLANG_HOME/venv/bin/python"
+        return 0
+    fi
+    echo "SGLang $SGLANG_VERSION's environment is not built in $SGLANG_HOME: run \`bash $ROOT/tools/sglang_setup.sh build\` (about 11 GB, minutes; GYRE_SGLANG_HOME puts it elsewhere)" >&2
+    return 1
 }
 
 # For run-tests.sh, which runs this in the background in a process group of its own and
@@ -151,7 +172,8 @@ report_error() {
 case "${1:-}" in
     build) build ;;
     model) model "$2" ;;
-    serve) serve "$2" "$3" ;;
+    serve) shift; serve "$@" ;;
+    python) python_path ;;
     start) start "$2" ;;
     *)
         work="${1:-$ROOT/.gyre/sglang}"

@@ -27,7 +27,7 @@ from gyre_tools.run_config import ConfigFileError, RunConfig
 from gyre_train.backends import TINY_POLICY, TokenSequence, WarmStartConfig, new_policy, warm_start
 from gyre_train.tasks import DEMO_WEIGHTS, Demonstration, family, instances
 
-RECIPE = 3  # changes whenever rendering or training changes: a new cache entry
+RECIPE = 4  # changes whenever rendering or training changes: a new cache entry (4: tags as single ids)
 POLICY_SEED = 0  # one starting policy per family, shared by every run seed
 DEMONSTRATIONS = 1500
 SNIPPETS = 600

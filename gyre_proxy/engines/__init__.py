@@ -8,7 +8,17 @@ in-memory ``FakeEngine``, ``weights`` (needs torch) moves weights to engines, an
 from __future__ import annotations
 
 from gyre_proxy.engines.client import EngineClient, EngineClientConfig
-from gyre_proxy.engines.tokenizer import IncrementalText, QwenTokenizer, Tokenizer, qwen_tokenizer
+from gyre_proxy.engines.sglang_server import SGLangServer, SGLangServerConfig
+from gyre_proxy.engines.tokenizer import (
+    CheckpointTokenizer,
+    IncrementalText,
+    QwenTokenizer,
+    Tokenizer,
+    encode_markup,
+    encode_pieces,
+    qwen_tokenizer,
+    special_pattern,
+)
 from gyre_proxy.engines.types import (
     Engine,
     EngineInfo,
@@ -49,6 +59,7 @@ from gyre_proxy.exceptions import (
 from gyre_proxy.hosting import free_port
 
 __all__ = [
+    "CheckpointTokenizer",
     "ContextLengthExceeded",
     "Engine",
     "EngineBadRequest",
@@ -82,11 +93,16 @@ __all__ = [
     "QwenTokenizer",
     "ReferenceEngineError",
     "RequestRejected",
+    "SGLangServer",
+    "SGLangServerConfig",
     "SamplingConfig",
     "ScriptError",
     "Tokenizer",
     "WeightUpdate",
     "WeightUpdateFailed",
+    "encode_markup",
+    "encode_pieces",
     "free_port",
     "qwen_tokenizer",
+    "special_pattern",
 ]

@@ -60,6 +60,40 @@ _CONTEXT_MARKERS = ("context length", "maximum context length")
 _DRAIN_TIMEOUT_S = 1.0
 
 
+class PauseGenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Body of ``POST /pause_generation`` (SGLang's ``PauseGenerationReqInput``).
+
+    ``abort``: abort every request in flight and return once none is left; ``in_place``: stop
+    decoding, requests keep their KV cache and go on after ``/continue_generation``;
+    ``retract``: stop decoding and put running requests back in the queue, their KV freed and
+    computed again (under the weights served by then) after ``/continue_generation``. While
+    paused, new requests wait and a weight update runs at once, without waiting for requests
+    in flight to finish.
+    """
+
+    mode: str = "abort"
+
+
+class ContinueGenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Body of ``POST /continue_generation``; ``torch_empty_cache`` returns the CUDA
+    allocator's cached blocks before decoding resumes (SGLang; a no-op without CUDA)."""
+
+    torch_empty_cache: bool = True
+
+
+class SchedulerLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """One scheduler's entry in SGLang's ``GET /v1/loads`` (the fields gyre reads)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+
+
+class EngineLoads(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of SGLang's ``GET /v1/loads``."""
+
+    loads: list[SchedulerLoad] = msgspec.field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class EngineClientConfig:
     """Where the engine is and how long to wait for it."""
@@ -287,6 +321,30 @@ class EngineClient:
 
     async def flush_cache(self) -> None:
         await self._call("POST", "/flush_cache", None, bytes)
+
+    async def requests_in_flight(self) -> int:
+        """Requests the engine is running or has queued: SGLang's ``/v1/loads`` (running plus
+        waiting, summed over its schedulers), else the reference engine's ``/gyre/status``."""
+        response = await self._request("GET", "/v1/loads?include=core")
+        if response.status == 404:
+            return (await self.admission_status()).in_flight
+        if response.status != 200:
+            raise error_for(response.status, error_message(response))
+        answer = _decode(response.content, EngineLoads, "/v1/loads")
+        return sum(load.num_running_reqs + load.num_waiting_reqs for load in answer.loads)
+
+    # -- pausing generation ------------------------------------------------------------------
+
+    async def pause_generation(self, mode: str = "retract") -> None:
+        """Pause generation (``PauseGenerationRequest`` says what each mode does) until
+        ``continue_generation``. Raises ``EngineProtocolError`` when the engine has no such
+        endpoint (SGLang before pausing existed), ``EngineBadRequest`` when it refuses ``mode``."""
+        await self._call("POST", "/pause_generation", PauseGenerationRequest(mode=mode), bytes)
+
+    async def continue_generation(self, *, torch_empty_cache: bool = True) -> None:
+        """Resume what ``pause_generation`` paused; requests that waited start."""
+        body = ContinueGenerationRequest(torch_empty_cache=torch_empty_cache)
+        await self._call("POST", "/continue_generation", body, bytes)
 
     # -- weights -----------------------------------------------------------------------------
 

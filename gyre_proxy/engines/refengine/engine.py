@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import torch
 
@@ -58,6 +58,44 @@ from gyre_proxy.exceptions import (
     TransferUnavailable,
 )
 
+PAUSE_MODES = ("abort", "in_place", "retract")  # SGLang's; the reference engine takes the first two
+
+
+class PausableDecodeLoop(DecodeLoop):
+    """The decode loop with SGLang's in-place pause: while paused no request advances (each
+    keeps its KV cache, between two passes) and an exclusive job, a weight update, runs at
+    once instead of waiting for the requests in flight to finish; ``resume`` lets them go on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused = False
+
+    def pause(self) -> None:
+        with self._cond:
+            self.paused = True
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        with self._cond:
+            self.paused = False
+            self._cond.notify_all()
+
+    def _pass(self, runnable: list[Any]) -> None:
+        if not self.paused:
+            super()._pass(runnable)
+            return
+        # Paused with requests in flight: wait for a job, an abort, a pin or the resume (the
+        # loop applies aborts and pins itself); a job runs now, on this thread, as always.
+        with self._cond:
+            while self.paused and not (self._jobs or self._aborts or self._pins or self._stopping):
+                self._cond.wait()
+            job = self._jobs[0] if self.paused and self._jobs and not self._stopping else None
+        if job is not None:
+            if job.abort_all:
+                with self._cond:
+                    self._abort_everything("Abort for weight update")
+            self._run_job(job)
+
 
 @dataclass(frozen=True)
 class ReferenceEngineConfig:
@@ -90,7 +128,7 @@ class ReferenceEngine:
         )
         if self.policy is not None:
             self.policy.check_vocab(self.loaded.vocab_size)
-        self.loop = DecodeLoop(
+        self.loop = PausableDecodeLoop(
             self.loaded,
             context_length=self.context_length,
             weight_version=config.weight_version,
@@ -183,6 +221,36 @@ class ReferenceEngine:
 
     def abort(self, rid: str | None) -> None:
         self.loop.abort(rid)
+
+    # -- pausing generation (SGLang's /pause_generation and /continue_generation) -------------
+
+    @property
+    def paused(self) -> bool:
+        return self.loop.paused
+
+    async def pause_generation(self, mode: str) -> None:
+        """Pause as SGLang does in ``mode``: ``in_place`` stops decoding between two passes
+        (requests keep their KV cache); ``abort`` aborts every request in flight and returns
+        once none is left. Either way new requests wait (``wait_while_paused``) and a weight
+        update runs at once. ``retract`` (free the KV, compute it again on resume) is refused
+        with ``RequestRejected``: the reference engine keeps each request's own cache."""
+        if mode not in PAUSE_MODES:
+            raise RequestRejected(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode == "retract":
+            raise RequestRejected("the reference engine pauses in_place or abort, not retract")
+        self.loop.pause()
+        if mode == "abort":
+            while self.loop.in_flight:
+                self.loop.abort(None, "Abort for pause_generation")
+                await asyncio.sleep(0.01)
+
+    def continue_generation(self) -> None:
+        self.loop.resume()
+
+    async def wait_while_paused(self, poll_s: float = 0.01) -> None:
+        """Return once generation is not paused (new requests wait here, as in SGLang)."""
+        while self.loop.paused:
+            await asyncio.sleep(poll_s)
 
     # -- KV migration --------------------------------------------------------------------------
 

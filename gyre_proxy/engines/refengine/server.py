@@ -7,7 +7,9 @@ cumulative unless the engine runs with ``incremental_streaming_output``, ended b
 (status 400, or inside the stream for ``stream: true``). Closing a stream aborts its request.
 ``/gyre/kv/...`` migrates a request's KV cache: the payload is binary (``wire.py``), or, over
 Mooncake, a JSON descriptor of where it lies in the source's memory; a refusal carries a
-``code`` beside its message.
+``code`` beside its message. ``/pause_generation`` (modes ``in_place`` and ``abort``) and
+``/continue_generation`` behave as SGLang's: while paused, new requests wait and a weight
+update runs at once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gyre_proxy.engines import wire as engine_api
+from gyre_proxy.engines.client import ContinueGenerationRequest, PauseGenerationRequest
 from gyre_proxy.engines.refengine.decode_loop import StepEvent
 from gyre_proxy.engines.refengine.engine import ReferenceEngine
 from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT
@@ -32,6 +35,9 @@ from gyre_proxy.exceptions import KvRefused, ModelLoadError, RequestRejected
 
 T = TypeVar("T")
 JSON = "application/json"
+# SGLang's answers to /pause_generation and /continue_generation
+PAUSED = {"message": "Generation paused successfully.", "status": "ok"}
+CONTINUED = {"message": "Generation continued successfully.", "status": "ok"}
 
 
 def _json(value: msgspec.Struct, status: int = 200) -> Response:
@@ -111,6 +117,7 @@ def build_app(engine: ReferenceEngine) -> Starlette:
     async def generate(request: Request) -> Response:
         body = await _body(request, engine_api.GenerateRequest)
         rid = body.rid or uuid.uuid4().hex
+        await engine.wait_while_paused()  # as SGLang, a request sent while paused waits
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StepEvent] = asyncio.Queue()
 
@@ -139,6 +146,16 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         body = await _body(request, engine_api.AbortRequest)
         engine.abort(None if body.abort_all else body.rid)
         return Response(status_code=200)
+
+    async def pause_generation(request: Request) -> Response:
+        body = await _body(request, PauseGenerationRequest)
+        await engine.pause_generation(body.mode)
+        return Response(msgspec.json.encode(PAUSED), media_type=JSON)
+
+    async def continue_generation(request: Request) -> Response:
+        await _body(request, ContinueGenerationRequest)
+        engine.continue_generation()
+        return Response(msgspec.json.encode(CONTINUED), media_type=JSON)
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -347,6 +364,8 @@ def build_app(engine: ReferenceEngine) -> Starlette:
     routes = [
         Route("/generate", rejected(generate), methods=["POST", "PUT"]),
         Route("/abort_request", rejected(abort_request), methods=["POST"]),
+        Route("/pause_generation", rejected(pause_generation), methods=["POST"]),
+        Route("/continue_generation", rejected(continue_generation), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health, methods=["GET"]),
         Route("/model_info", model_info, methods=["GET"]),

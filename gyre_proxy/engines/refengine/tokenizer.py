@@ -146,13 +146,32 @@ class QwenVocabTokenizer:
         return self._tok.decode(ids)
 
 
+def _checkpoint_eos(model_dir: Path) -> str:
+    """The EOS a checkpoint's ``tokenizer_config.json`` names (``<|im_end|>`` without one)."""
+    import json
+
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return "<|im_end|>"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8")).get("eos_token")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    if isinstance(raw, dict):
+        raw = raw.get("content")
+    return raw if isinstance(raw, str) and raw else "<|im_end|>"
+
+
 def load_tokenizer(model_dir: Path | None, name: str | None = None) -> Tokenizer:
-    """``name == "qwen"``: the Qwen vocabulary; else ``HFTokenizer`` when ``model_dir``
+    """``name == "qwen"``: the Qwen vocabulary; ``file:PATH``: that ``tokenizer.json``; else ``HFTokenizer`` when ``model_dir``
     holds a ``tokenizer.json``, else ``ByteTokenizer``."""
     if name == "qwen":
         return QwenVocabTokenizer()
+    if name is not None and name.startswith("file:"):  # a checkpoint's tokenizer.json, by path
+        path = Path(name.removeprefix("file:"))
+        return HFTokenizer(path, eos=_checkpoint_eos(path.parent))
     if name not in (None, "", "byte", "auto"):
         raise ValueError(f"unknown tokenizer {name!r}; use qwen, byte or auto")
     if model_dir is not None and (model_dir / TOKENIZER_FILE).is_file():
-        return HFTokenizer(model_dir / TOKENIZER_FILE)
+        return HFTokenizer(model_dir / TOKENIZER_FILE, eos=_checkpoint_eos(model_dir))
     return ByteTokenizer()

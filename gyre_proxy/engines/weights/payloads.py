@@ -35,7 +35,9 @@ def serialize_safetensors(tensors: Mapping[str, torch.Tensor]) -> str:
     """Base64 safetensors bytes of ``tensors`` (contiguous CPU copies)."""
     from safetensors.torch import save
 
-    plain = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
+    # A copy of each: tied weights (an embedding shared with the output layer) share memory,
+    # which safetensors refuses.
+    plain = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in tensors.items()}
     return base64.b64encode(save(plain)).decode("ascii")
 
 

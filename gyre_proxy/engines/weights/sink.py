@@ -5,7 +5,8 @@ folder the engine reads (`/update_weights_from_disk`); tensors in the request
 (`/update_weights_from_tensor`, in the payload the engine takes: SGLang's same-host shared-memory
 pickle when `/model_info` lists no formats, else gyre's base64 safetensors); or a gloo broadcast
 received after joining a named group (`/init_weights_update_group`, then
-`/update_weights_from_distributed`). Each call opens its own client, so a sink serves any event
+`/update_weights_from_distributed`). `pause` and `resume` bracket an update with
+`/pause_generation` and `/continue_generation` where the engine has them. Each call opens its own client, so a sink serves any event
 loop. Errors are the engine layer's (`EngineError`). It does not choose the method, hold the
 trainer's end of a group (`payloads.WeightUpdateGroup`) or know what trains the weights.
 """
@@ -26,7 +27,7 @@ from gyre_proxy.engines.weights.payloads import (
     serialize_safetensors,
     sglang_tensor_payload,
 )
-from gyre_proxy.exceptions import WeightUpdateFailed
+from gyre_proxy.exceptions import EngineBadRequest, EngineProtocolError, WeightUpdateFailed
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,12 @@ class BroadcastGroup:
     world_size: int
 
 
+# Pause modes tried in order: SGLang's retract (running requests go back to the queue and their
+# KV is computed again under the new weights, so the update can flush the cache), then
+# in_place (the reference engine: each request keeps its own cache, which no update flushes).
+PAUSE_MODES = ("retract", "in_place")
+
+
 class EngineWeightSink:
     """Weights into the engine at `url`, through SGLang's weight-update API."""
 
@@ -46,6 +53,7 @@ class EngineWeightSink:
         self._config = EngineClientConfig(base_url=url, timeout_s=timeout_s)
         self._formats_known = False
         self._load_format: str | None = None  # None: SGLang's own payload
+        self._pause_modes: tuple[str, ...] = PAUSE_MODES  # () once the engine cannot pause
 
     @property
     def name(self) -> str:
@@ -53,6 +61,31 @@ class EngineWeightSink:
 
     def _client(self) -> EngineClient:
         return EngineClient(self._config)
+
+    async def pause(self) -> int | None:
+        """Pause the engine's generation so that an update need not wait for the requests in
+        flight (`/pause_generation`, in the first of `PAUSE_MODES` it takes); they go on after
+        `resume`. Returns how many requests it had in flight when asked, or None when it cannot
+        pause (no such endpoint, or no mode taken): its updates then wait for them as before.
+        Raises `EngineUnavailable` when it cannot be reached."""
+        async with self._client() as client:
+            for mode in self._pause_modes:
+                in_flight = await client.requests_in_flight()
+                try:
+                    await client.pause_generation(mode)
+                except EngineBadRequest:
+                    continue  # refuses this mode: try the next
+                except EngineProtocolError:
+                    break  # no such endpoint
+                self._pause_modes = (mode,)
+                return in_flight
+            self._pause_modes = ()
+            return None
+
+    async def resume(self) -> None:
+        """Let the requests `pause` stopped go on (`/continue_generation`)."""
+        async with self._client() as client:
+            await client.continue_generation()
 
     async def load_from_disk(self, path: Path, policy_version: int) -> None:
         """Serve the weights saved under `path` (a folder on the engine's filesystem)."""
