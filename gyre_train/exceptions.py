@@ -21,6 +21,7 @@ GyreTrainError
  ├── WeightTransportError      a weight snapshot could not be exposed or pulled
  ├── PublicationError          an engine did not take the published weights
  ├── CellFailedError           a cell process failed or did not finish in time
+ ├── EngineServerDied          a rollout engine's server process exited while it was serving
  └── ProducerTimeoutError      a batch's groups did not become ready in time
 """
 
@@ -115,6 +116,10 @@ class PublicationError(GyreTrainError):
 
 class CellFailedError(GyreTrainError):
     """A cell process failed or did not finish in time."""
+
+
+class EngineServerDied(GyreTrainError):
+    """A rollout engine's server process exited while it was serving."""
 
 
 class ProducerTimeoutError(GyreTrainError):

@@ -4,7 +4,9 @@ This machine's rollout engines (``--engines``) and, when it runs them, every tra
 (``--trainers all``), resumed after the run's last publication. Engines are named
 ``<run>:pool-<n>``, numbered from ``--engine-offset`` so that several nodes name theirs apart.
 Under a policy that moves cells (elastic, colocate) the trainer cells are elastic cells, each
-also hosting its rollout engine ``<run>:cell-<i>`` of ``engine_capacity`` executions.
+also hosting its rollout engine ``<run>:cell-<i>`` of ``engine_capacity`` executions. Every
+engine is of the config's ``engine`` kind: the reference engine, or an SGLang server started
+by ``tools/sglang_setup.sh serve``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from gyre_proxy.engines import free_port
 from gyre_store import EventLog, cell_engine_name
-from gyre_tools.run_config import RunConfig
+from gyre_tools.run_config import RunConfig, sglang_serve_command
 from gyre_tools.serve import group_source, packing
 from gyre_train.backends import ModelSpec, OptimizerConfig
 from gyre_train.cells import (
@@ -57,6 +59,9 @@ def node_plan(
             publish_dir=publish_dir,
             max_context=config.model.max_context,
             seed=seed,
+            kind=config.engine,
+            sglang_command=sglang_serve_command() if config.engine == "sglang" else (),
+            log_dir=run_dir / "logs",
         )
 
     engine_configs = tuple(
@@ -70,6 +75,7 @@ def node_plan(
             mu=config.mu,
             packing=packing(config),
             groups=group_source(config, run_id),
+            publish=config.train.publish,
         )
         resume = resume_point(log, run_id, config.mu, publish_dir)
         if resume.step < config.steps:

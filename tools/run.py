@@ -12,6 +12,7 @@ stop the processes, and write the report (JSON, plots, TensorBoard) from the log
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import json
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 from rich.live import Live
 from rich.table import Table
 
-from gyre_proxy.engines import free_port
+from gyre_proxy.engines import EngineClient, EngineClientConfig, EngineError, free_port
 from gyre_sched import register_sched_events
 from gyre_store import (
     EngineRegistered,
@@ -52,8 +53,16 @@ from gyre_store import (
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
-from gyre_tools.run_config import DEMO, RunConfig, parse_config, read_config, to_toml
-from gyre_tools.run_outputs import cell_time_summary, write_outputs
+from gyre_tools.run_config import (
+    DEMO,
+    ExternalEngine,
+    RunConfig,
+    check_environment,
+    parse_config,
+    read_config,
+    to_toml,
+)
+from gyre_tools.run_outputs import cell_time_summary, publications_from_log, write_outputs
 from gyre_tools.warmstart import ensure_policy
 from gyre_train.tasks import task_suite
 
@@ -93,6 +102,7 @@ def run_command(args: argparse.Namespace) -> int:
         config = read_config(Path(args.config), policy=policy)
     else:
         config = parse_config(to_toml(DEMO), where="the demo's config", policy=policy) if policy else DEMO
+    check_environment(config)  # e.g. SGLang's environment, before anything starts
     started = time.monotonic()
     register_sched_events()
     # SIGTERM ends the run as Ctrl-C does: the processes are stopped and the report written.
@@ -127,6 +137,7 @@ def run_command(args: argparse.Namespace) -> int:
             report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)
             summary = write_outputs(report, run.config, Path(run.config.run_dir), metrics=args.metrics)
             summary["cell_time"] = cell_time_summary(cell_time(opened.log, run.run_id))
+            summary["publications"] = publications_from_log(opened.log, run.run_id)
         summary["phases_s"] = {name: round(seconds, 1) for name, seconds in run.phases.items()}
         summary["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
@@ -225,7 +236,7 @@ class LiveRun:
             "proxy": [*gyre, "proxy", "serve", *run, "--port", str(port), "--harness", self.config.harness,
                       "--context-limit", str(self.config.model.max_context),
                       "--spool-dir", str(Path(self.config.run_dir) / "proxy-spool"),
-                      "--answers-log", str(logs / "proxy-answers.jsonl")],
+                      "--answers-log", str(logs / "proxy-answers.jsonl"), *self._proxy_model()],
             "launcher": [*gyre, "launcher", "serve", *run, "--proxy-url", self.proxy_url],
             "evaluator": [*gyre, "evaluator", "serve", *run],
             "controller": [*gyre, "controller", "serve", *run],
@@ -237,9 +248,60 @@ class LiveRun:
         for name in commands:
             if name not in ("launcher", "evaluator", "controller"):
                 self._spawn(name)
-        self._wait_for_engines(timeout_s=180.0, after=since)
+        self._register_external_engines()
+        # An SGLang server takes tens of seconds to start on a loaded CPU (its own processes,
+        # torch's import, the model's load): the reference engine's 180 s are not enough.
+        self._wait_for_engines(timeout_s=180.0 if self.config.engine == "reference" else 900.0, after=since)
         for name in ("launcher", "evaluator", "controller"):
             self._spawn(name)
+
+    def _proxy_model(self) -> list[str]:
+        """``--model DIR`` for the proxy when the policy's folder holds a tokenizer (a
+        checkpoint of its own: its tokenizer and chat template render every request); none for
+        a folder without one (gyre's warm-start and random policies), which the proxy renders
+        with the bundled Qwen3.6 vocabulary."""
+        folder = Path(self.config.model.init)
+        if any((folder / name).is_file() for name in TOKENIZER_FILES):
+            return ["--model", str(folder)]
+        if not (folder / "warmstart.json").is_file():
+            console.print(
+                f"[yellow]{folder} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): the proxy "
+                "renders with the bundled Qwen3.6 vocabulary and gyre's Qwen3 template[/yellow]"
+            )
+        return []
+
+    def _register_external_engines(self) -> None:
+        """Register each engine of ``external_engines`` for this life of the run, once it serves
+        the run's newest policy (or its starting one): it loads that folder, as the version it
+        is, so what it answers is recorded with a policy version. It must read ``run_dir`` at
+        the same path (train.publish = "disk" needs that anyway)."""
+        externals = self.config.externals
+        if not externals:
+            return
+        version = self._published()
+        # The core's folder of a published version (gyre_train.cells.policy_dir).
+        folder = Path(self.config.run_dir) / "policies" / f"policy-v{version}"
+        if version == 0 or not (folder / "config.json").is_file():
+            version, folder = 0, Path(self.config.model.init)
+
+        async def load(engine: ExternalEngine) -> None:
+            async with EngineClient(EngineClientConfig(engine.url, timeout_s=600.0)) as client:
+                await client.update_weights_from_disk(str(folder), weight_version=str(version))
+
+        meta = EventMetadata(run_id=self.run_id)
+        for engine in externals:
+            try:
+                asyncio.run(load(engine))
+            except EngineError as exc:
+                raise RunFailed(
+                    f"external engine {engine.name} ({engine.url}) did not load the policy {folder}: {exc}"
+                ) from exc
+            registered = EngineRegistered(
+                engine=external_name(self.run_id, engine.name), run_id=self.run_id, url=engine.url,
+                cell_index=-1, capacity=engine.capacity,
+            )  # fmt: skip
+            key = f"engine:{registered.engine}:{engine.url}:{uuid.uuid4().hex[:12]}"
+            self.log.append([NewEvent(registered, key, metadata=meta)])
 
     def _nodes(self, gyre: list[str], run: list[str]) -> dict[str, list[str]]:
         """One node agent per configured node: the engines spread over them, the trainer cells on
@@ -308,7 +370,7 @@ class LiveRun:
         """Until every engine of this life registered: the pool's, and the cells' when they move
         between roles (elastic and colocate cells start in rollout)."""
         c = self.config
-        expected = c.rollout_engines + (c.cells if c.cells_move else 0)
+        expected = c.rollout_engines + len(c.externals) + (c.cells if c.cells_move else 0)
         deadline = time.monotonic() + timeout_s
         while len(self._engines(after)) < expected:
             self._check_children()
@@ -355,7 +417,7 @@ class LiveRun:
             started = RunStarted(
                 run_id=self.run_id, harness=c.harness, model=c.model.init, group_size=c.N, batch_groups=c.B,
                 cells=c.cells, cell_capacity=c.engine_capacity,
-                separate_capacity=c.rollout_engines * c.engine_capacity, phi=c.phi, mu=c.mu,
+                separate_capacity=c.pool_capacity, phi=c.phi, mu=c.mu,
                 max_trajectories=c.train.jmax,
                 fixed_training_cells=0 if c.cells_move else c.cells,
             )  # fmt: skip
@@ -472,7 +534,8 @@ class LiveRun:
         table.caption = (
             f"d={counts['d']} p={counts['p']} f={counts['f']}  waterlevel w={counts['d'] - counts['f']}  "
             f"queued={counts['d'] - counts['p']} running={counts['p'] - counts['f']}  "
-            f"engines: {self.config.rollout_engines} in the pool; cells: {cells or self.config.cells}; "
+            f"engines: {self.config.rollout_engines} {self.config.engine} in the pool"
+            f"{f' + {n} external' if (n := len(self.config.externals)) else ''}; cells: {cells or self.config.cells}; "
             f"transitions {report.transitions}  published v{self._published()}/{self.config.steps}"
         )
         return table
@@ -483,6 +546,11 @@ class LiveRun:
         return summary.get("verdict", "")
 
 
+def external_name(run_id: str, name: str) -> str:
+    """The log's name of external engine ``name`` of a run (engine names are unique in the log)."""
+    return f"{run_id}:ext-{name}"
+
+
 def _die_with_parent() -> None:
     """In a child, before it runs: a SIGTERM when ``gyre run`` dies, however it dies (Linux), so
     a run started again never meets the processes of its previous life."""
@@ -490,6 +558,8 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 STOP_ORDER = ("controller", "launcher", "evaluator")  # then everything else at once
 

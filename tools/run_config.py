@@ -8,9 +8,14 @@ restarted ``gyre run`` read the same settings from the log.
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -34,6 +39,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     micro_step_tokens: Pos = 4096
     scale_advantages: bool = True
     skip_zero_advantage: bool = True
+    publish: str = "disk"  # disk, tensor or distributed (PUBLISH_METHODS)
 
 
 class TaskConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,15 +65,27 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     B: Pos = 4
     N: Pos = 4
     cells: Pos = 1
-    rollout_engines: Pos = 2
+    rollout_engines: NonNeg = 2
     engine_capacity: Pos = 8
     nodes: Pos = 1
     harness: str = "builtin"
+    engine: str = "reference"  # the kind of engine node agents start: reference or sglang
+    external_engines: list[str] = msgspec.field(default_factory=list)  # "NAME=URL" or "NAME=URL@CAP"
     run_dir: str = ""  # resolved when the run starts: its policies, workspaces and outputs
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     tasks: TaskConfig = msgspec.field(default_factory=TaskConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+
+    @property
+    def externals(self) -> tuple[ExternalEngine, ...]:
+        """The engines gyre does not start, parsed (``parse_config`` has checked them)."""
+        return tuple(external_engine(spec, self.engine_capacity) for spec in self.external_engines)
+
+    @property
+    def pool_capacity(self) -> int:
+        """C_s: the separate pool's engines that gyre starts, plus every external engine."""
+        return self.rollout_engines * self.engine_capacity + sum(e.capacity for e in self.externals)
 
     @property
     def cells_move(self) -> bool:
@@ -87,7 +105,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             policy=policy,
             cells=self.cells,
             cell_capacity=self.engine_capacity,
-            pool_capacity=self.rollout_engines * self.engine_capacity,
+            pool_capacity=self.pool_capacity,
             group_size=self.N,
             batch_groups=self.B,
             phi=self.phi,
@@ -99,6 +117,42 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 class ConfigFileError(ValueError):
     """The run configuration cannot be read or is inconsistent."""
+
+
+ENGINE_KINDS = ("reference", "sglang")
+PUBLISH_METHODS = ("disk", "tensor", "distributed")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalEngine:
+    """An engine gyre does not start (``external_engines``): registered as ``<run>:ext-<name>``."""
+
+    name: str
+    url: str
+    capacity: int
+
+    @property
+    def on_this_machine(self) -> bool:
+        return (urlsplit(self.url).hostname or "") in _LOOPBACK
+
+
+def external_engine(spec: str, default_capacity: int) -> ExternalEngine:
+    """``NAME=URL`` (capacity ``engine_capacity``) or ``NAME=URL@CAP``; raises ConfigFileError."""
+    name, sep, rest = spec.partition("=")
+    url, at, cap = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    problem = ""
+    if not sep or not _NAME.match(name.strip()):
+        problem = "NAME must be letters, digits, '.', '_' or '-' (at most 64)"
+    elif urlsplit(url.strip()).scheme not in ("http", "https") or not urlsplit(url.strip()).hostname:
+        problem = "URL must be http://HOST:PORT or https://HOST:PORT"
+    elif at and not (cap.strip().isdigit() and int(cap) >= 1):
+        problem = "CAP must be a whole number of executions, at least 1"
+    if problem:
+        raise ConfigFileError(f"external_engines entry {spec!r}: {problem} (form: NAME=URL or NAME=URL@CAP)")
+    capacity = int(cap) if at else default_capacity
+    return ExternalEngine(name.strip(), url.strip().rstrip("/"), capacity)
 
 
 def parse_config(text: str, *, where: str = "the config", policy: str | None = None) -> RunConfig:
@@ -114,10 +168,11 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
         config = msgspec.convert(raw, RunConfig)
     except msgspec.ValidationError as exc:
         raise ConfigFileError(f"{where}: {exc}") from exc
-    if config.nodes > config.rollout_engines:
+    if config.nodes > max(config.rollout_engines, 1):
         raise ConfigFileError(
             f"{where}: nodes ({config.nodes}) cannot exceed rollout_engines ({config.rollout_engines})"
         )
+    _check_engines(config, where)
     if config.steps % config.mu:
         raise ConfigFileError(
             f"{where}: steps ({config.steps}) must be a whole number of bursts of mu ({config.mu})"
@@ -131,6 +186,69 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
         )
     config.sched()  # the policy and the scheduler's shape are valid
     return config
+
+
+def _check_engines(config: RunConfig, where: str) -> None:
+    """The engine keys: known values, external engines that the chosen publication reaches."""
+    if config.engine not in ENGINE_KINDS:
+        raise ConfigFileError(f"{where}: engine must be one of {list(ENGINE_KINDS)}, got {config.engine!r}")
+    if config.train.publish not in PUBLISH_METHODS:
+        raise ConfigFileError(
+            f"{where}: train.publish must be one of {list(PUBLISH_METHODS)}, got {config.train.publish!r}"
+        )
+    externals = config.externals  # each entry checked
+    names = [e.name for e in externals]
+    if len(set(names)) != len(names):
+        raise ConfigFileError(f"{where}: external_engines names must be unique, got {names}")
+    if config.rollout_engines == 0 and not externals and config.policy == "async":
+        raise ConfigFileError(
+            f"{where}: rollout_engines = 0 leaves the async policy no rollout engine: "
+            "start some, or name external_engines"
+        )
+    far = [e for e in externals if not e.on_this_machine]
+    if far and config.train.publish == "tensor":
+        # SGLang takes tensors in the request as handles to this machine's shared memory.
+        raise ConfigFileError(
+            f'{where}: train.publish = "tensor" reaches only engines on this machine, and external '
+            f'engine {far[0].name} is at {far[0].url}: use "disk" (a run_dir it reads at the same '
+            'path) or "distributed"'
+        )
+    if far and config.train.publish == "distributed":
+        # The trainer's end of the broadcast group listens on 127.0.0.1 (EnginePublisherConfig).
+        raise ConfigFileError(
+            f'{where}: train.publish = "distributed" opens its group on 127.0.0.1, which external '
+            f'engine {far[0].name} at {far[0].url} cannot join: use "disk" (a run_dir it reads '
+            "at the same path)"
+        )
+
+
+SGLANG_SETUP = Path(__file__).with_name("sglang_setup.sh")
+
+
+def sglang_serve_command() -> tuple[str, ...]:
+    """What starts an SGLang server: ``tools/sglang_setup.sh serve`` (its environment's python,
+    the CPU workarounds), given ``DIR PORT [launch_server options]``."""
+    return ("bash", str(SGLANG_SETUP), "serve")
+
+
+def sglang_missing() -> str | None:
+    """Why SGLang's environment cannot start engines here (how to build it), or None."""
+    try:
+        done = subprocess.run(
+            ["bash", str(SGLANG_SETUP), "python"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {SGLANG_SETUP}: {exc}"
+    return None if done.returncode == 0 else done.stderr.strip() or f"{SGLANG_SETUP} python failed"
+
+
+def check_environment(config: RunConfig) -> None:
+    """What the config needs from this machine, checked before anything starts: SGLang's
+    environment for ``engine = "sglang"``. Raises ConfigFileError saying how to get it."""
+    if config.engine == "sglang" and (config.rollout_engines or config.cells_move):
+        missing = sglang_missing()
+        if missing:
+            raise ConfigFileError(f'engine = "sglang" needs SGLang: {missing}')
 
 
 def read_config(path: Path, *, policy: str | None = None) -> RunConfig:
@@ -152,8 +270,10 @@ tau_s = {c.tau_s}              # seconds the supply check must hold before a tra
 B = {c.B}                      # rollout groups per training step
 N = {c.N}                      # executions per group (advantages are group-relative)
 cells = {c.cells}              # K cells (cell 0 is the core; the rest are satellites); under elastic and colocate each is also a rollout engine of engine_capacity (C_e)
-rollout_engines = {c.rollout_engines}    # reference engines in the separate rollout pool
-engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s = rollout_engines x capacity)
+rollout_engines = {c.rollout_engines}    # engines gyre starts in the separate rollout pool (0: external_engines only)
+engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s = rollout_engines x capacity + external capacities)
+engine = "{c.engine}"    # reference (gyre's own engine) or sglang (python -m sglang.launch_server, from tools/sglang_setup.sh's environment)
+external_engines = {json.dumps(c.external_engines)}    # engines gyre does not start, each "NAME=URL" (capacity engine_capacity) or "NAME=URL@CAP"; they get every publication
 nodes = {c.nodes}                # node agents gyre run starts here (engines spread over them; trainers on the first)
 harness = "{c.harness}"        # builtin (the built-in agent) or claude-code
 run_dir = "{c.run_dir}"           # empty: <data dir>/runs/<run id>; every machine must reach it
@@ -172,6 +292,7 @@ jmax = {t.jmax}                 # J_max: trajectories admitted per execution
 micro_step_tokens = {t.micro_step_tokens}   # token budget of one packed micro-step (>= max_context: rows are never split)
 scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative advantages by the group's std
 skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
+publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)
 
 [tasks]
 family = "{k.family}"  # the built-in task family (see `gyre tasks list`)

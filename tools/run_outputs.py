@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gyre_store import CellTimeReport, RunReport
+from gyre_store import CellTimeReport, EventLog, ModelCallRecorded, RunReport, StreamId, WeightsPublished
 from gyre_tools.run_config import RunConfig
 
 
@@ -79,6 +79,46 @@ def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
     }
     summary["verdict"] = _verdict(summary)
     return summary
+
+
+def publications_from_log(log: EventLog, run_id: str) -> list[dict[str, Any]]:
+    """Each publication of run ``run_id`` as the core recorded it (``policy.published``): its
+    method, seconds to save the folder and to send it to every engine at once (the pause before
+    and the continue after included), each engine reached and its seconds, the engines skipped,
+    the requests each engine had in flight when it paused for the update (``paused``; an engine
+    absent there could not pause, so its update waited for them), and ``retried``: the model
+    calls that replaced an aborted attempt (``retry_of``) whose time overlaps the publication.
+    A publication recorded before these figures existed (v1) has ``method`` "" and
+    ``retried`` None."""
+    published = [
+        r.event for r in log.read_stream(StreamId("policy", run_id)) if isinstance(r.event, WeightsPublished)
+    ]
+    retries = [
+        (e.started_at, e.started_at + e.duration_s)
+        for r in log.read(0, types=["model_call.recorded"], limit=100_000_000)
+        if isinstance(e := r.event, ModelCallRecorded) and e.run_id == run_id and e.retry_of
+    ]
+    out = []
+    for p in published:
+        measured = p.started_at > 0
+        end = p.started_at + p.save_s + p.send_s
+        out.append(
+            {
+                "version": p.policy_version,
+                "step": p.step,
+                "method": p.method,
+                "save_s": round(p.save_s, 3),
+                "send_s": round(p.send_s, 3),
+                "engines": {name: round(s, 3) for name, s in sorted(p.engines.items())},
+                "skipped": list(p.skipped),
+                "paused": dict(sorted(p.paused.items())),
+                "retried": sum(begin <= end and p.started_at <= until for begin, until in retries)
+                if measured
+                else None,
+                "note": p.note,
+            }
+        )
+    return out
 
 
 def cell_time_summary(cells: CellTimeReport) -> dict[str, Any]:

@@ -8,7 +8,7 @@ lifecycle events.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -110,11 +110,33 @@ class GroupReady(Event, frozen=True, kw_only=True):
     run_id: Ident
 
 
-@REGISTRY.register("policy.published", stream="policy", key="run_id")
+@REGISTRY.register("policy.published", stream="policy", key="run_id", version=2)
 class WeightsPublished(Event, frozen=True, kw_only=True):
+    """The core published ``policy_version`` (the update of ``step``) to the run's engines.
+
+    v2 adds what the publication took, as the core measured it: its ``method``, the seconds to
+    save the policy folder and to send it to every engine at once, each engine reached and its
+    seconds, the engines skipped (unreachable), and the requests each engine had in flight when
+    its generation was paused for the update (an engine that could not pause is absent: its
+    update waited for them). A v1 body has none of these; it reads with the defaults.
+    """
+
     run_id: Ident
     policy_version: Positive
     step: NonNegative
+    method: str = ""  # disk | tensor | distributed ("" in v1)
+    started_at: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # time.time() when the publication began
+    save_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    send_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # pause, send to all at once, continue
+    engines: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = msgspec.field(default_factory=dict)
+    skipped: tuple[str, ...] = ()
+    paused: dict[str, NonNegative] = msgspec.field(default_factory=dict)
+    note: str = ""
+
+
+@REGISTRY.upcaster("policy.published", from_version=1)
+def _published_v1(body: dict[str, Any]) -> dict[str, Any]:
+    return body  # every field v2 adds has a default
 
 
 @REGISTRY.register("execution.key_issued", stream="apikey", key="key_hash")

@@ -2,7 +2,8 @@
 
 When the core finds nothing left to claim it closes the join window, plans the reduction
 (membership.py), reduces the prefix's gradients onto itself, makes the batch's one update, then
-broadcasts to the prefix (non-final update of a burst) or publishes to the engines (final update).
+broadcasts to the prefix (non-final update of a burst) or publishes to the engines (final update),
+recording ``policy.published`` with what the publisher measured of it where it measures.
 A member that dies inside the reduction fails it; the core then waits out that member's heartbeat,
 takes its claims over and plans again, counting the failed attempts in the update's event.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from gyre_store.catalog import (
     BatchClosed,
@@ -27,6 +29,14 @@ from gyre_train.cells.local import merge_shares
 from gyre_train.cells.membership import CORE, ReducePlan, TakeOver, Wait, plan_reduction
 from gyre_train.cells.publish import WeightPublisher
 from gyre_train.objective import ExecutionClip
+
+
+@runtime_checkable
+class RecordsPublication(Protocol):
+    """A publisher that measured what each publication took: the ``policy.published`` event of
+    version ``policy_version`` (the update of ``step``), with its figures."""
+
+    def publication_event(self, policy_version: int, step: int) -> WeightsPublished: ...
 
 
 @dataclass
@@ -158,7 +168,11 @@ def _update(
     events.append(BatchClosed(run_id=c.run_id, step=batch))
     keys.append(f"batch.closed:{c.run_id}/{batch}")
     if final and publisher is not None:
-        events.append(WeightsPublished(run_id=c.run_id, policy_version=cell.version, step=batch))
+        # A publisher that measured its publication (LivePublisher) gives the event its figures.
+        if isinstance(publisher, RecordsPublication):
+            events.append(publisher.publication_event(cell.version, batch))
+        else:
+            events.append(WeightsPublished(run_id=c.run_id, policy_version=cell.version, step=batch))
         keys.append(f"published:{c.run_id}/{cell.version}")
     cell.record(*events, keys=tuple(keys))
     if c.output_dir is not None:

@@ -7,9 +7,15 @@ step's B groups from the trajectory database into micro-steps as they become rea
 (``stream_batch`` over a ``StoreGroupSource``, whose ``take`` records the group's consumption
 and ``batch.group_claimed``). The cells train the batch as streaming training does everywhere
 (``run_core``, ``run_satellite``); every ``mu`` steps the core publishes through a
-``LivePublisher``: the policy saved once to a folder the engines read, loaded by every engine
-the run has registered. An engine that cannot be reached is skipped (a restarted engine loads
-the newest published policy itself); one that refuses fails the publication.
+``LivePublisher``: the policy saved once to a folder (what a resumed core and a restarted
+engine load), then sent to every engine the run has registered at once, by the run's method
+(``disk``: each engine loads the folder; ``tensor``: the tensors in the request; ``distributed``:
+one gloo broadcast to all), each engine's generation paused meanwhile where it can pause. An
+engine that cannot be reached is skipped (a restarted engine loads the newest published policy
+itself); one that refuses fails the publication. What each publication took (seconds, engines
+reached and skipped, requests paused) goes into the core's ``policy.published`` event
+(``publication_event``), so the run's report reads it from the log (also appended, for now, to
+``publications.jsonl`` beside the policies).
 
 A trainer started again on a run that already trained resumes after the last publication: it
 loads that policy, trains again the steps whose updates were lost (their recorded facts stand;
@@ -22,10 +28,11 @@ keeps none (its moments start again from zero).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -46,7 +53,13 @@ from gyre_store import (
 from gyre_train.cells.cell import BurstPlan
 from gyre_train.cells.claims import MicroStepQueue
 from gyre_train.cells.producer import ProducerConfig, stream_batch
-from gyre_train.cells.publish import PublishableModel
+from gyre_train.cells.publish import (
+    EnginePublisher,
+    EnginePublisherConfig,
+    PublicationMethod,
+    PublishableModel,
+    WeightSink,
+)
 from gyre_train.exceptions import CellFailedError, InvalidConfigError, PublicationError
 from gyre_train.trajectories import (
     GroupSourceConfig,
@@ -67,10 +80,14 @@ class LiveTraining:
     groups: GroupSourceConfig = field(default_factory=GroupSourceConfig)
     producer_timeout_s: float = 3600.0
     publish_timeout_s: float = 120.0
+    publish: str = PublicationMethod.DISK  # how the weights reach the engines (PublicationMethod)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.mu < 1:
             raise InvalidConfigError(f"steps ({self.steps}) and mu ({self.mu}) must be at least 1")
+        if self.publish not in {m.value for m in PublicationMethod}:
+            choices = ", ".join(m.value for m in PublicationMethod)
+            raise InvalidConfigError(f"publish must be one of {choices}, got {self.publish!r}")
 
 
 def bursts_from(first_step: int, steps: int, mu: int, satellites: int) -> tuple[BurstPlan, ...]:
@@ -130,15 +147,67 @@ class KeepsTrainingState(Protocol):
     def save_training_state(self, path: Path) -> Path | None: ...
 
 
-class LivePublisher:
-    """``WeightPublisher`` to every engine ``run_id`` has registered (its latest registration)."""
+PUBLICATIONS_FILE = "publications.jsonl"
 
-    def __init__(self, log: EventLog, run_id: str, publish_dir: Path, *, timeout_s: float = 120.0) -> None:
+
+@runtime_checkable
+class PausesGeneration(Protocol):
+    """A sink whose engine can pause generation for an update (``EngineWeightSink``)."""
+
+    async def pause(self) -> int | None: ...
+    async def resume(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """What one publication took: the save, the send to all engines at once (with the pause
+    before and the continue after), each engine's seconds (``engines``), the engines skipped
+    because they could not be reached, and the requests each engine that paused had in flight."""
+
+    version: int
+    method: str
+    started_at: float  # time.time() when the publication began
+    save_s: float
+    send_s: float
+    engines: dict[str, float]
+    skipped: list[str]
+    paused: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+
+
+class LivePublisher:
+    """``WeightPublisher`` to every engine ``run_id`` has registered (its latest registration),
+    all at once, by ``method``; ``sink_for(url)`` makes each engine's sink (an
+    ``EngineWeightSink`` by default, kept per URL).
+
+    Every engine whose sink can pause (``PausesGeneration``) is paused before the weights are
+    sent and continued after, whatever the send did: its requests in flight stop between two
+    steps and go on under the new weights, instead of the update waiting for them to finish.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        run_id: str,
+        publish_dir: Path,
+        *,
+        timeout_s: float = 120.0,
+        method: str = PublicationMethod.DISK,
+        sink_for: Callable[[str], WeightSink] | None = None,
+        pause: bool = True,
+    ) -> None:
         self.log = log
         self.run_id = run_id
         self.publish_dir = publish_dir
         self.timeout_s = timeout_s
+        self.method = PublicationMethod(method)
+        self.pause = pause
+        self._sink_for = sink_for or self._engine_sink
+        self._engine_sinks: dict[str, EngineWeightSink] = {}
         self.skipped: list[tuple[int, str]] = []  # (version, engine) that could not be reached
+        self.publications: list[Publication] = []
+        # distributed: one broadcast group while the set of engines stays the same
+        self._group: tuple[tuple[str, ...], EnginePublisher] | None = None
 
     def engines(self) -> dict[str, str]:
         """Engine name -> URL, as each engine of the run last registered."""
@@ -149,7 +218,15 @@ class LivePublisher:
                 found[event.engine] = event.url
         return found
 
+    def _engine_sink(self, url: str) -> EngineWeightSink:
+        """The engine at ``url`` over HTTP, kept: it remembers how the engine takes tensors and
+        how it pauses."""
+        if url not in self._engine_sinks:
+            self._engine_sinks[url] = EngineWeightSink(url, self.timeout_s)
+        return self._engine_sinks[url]
+
     def publish(self, model: PublishableModel, policy_version: int) -> None:
+        started_at, began = time.time(), time.perf_counter()
         path = model.save(policy_dir(self.publish_dir, policy_version))
         kept = training_state_path(self.publish_dir, policy_version)
         # Kept before the engines load the policy, so a recorded publication has its state; only
@@ -161,18 +238,145 @@ class LivePublisher:
         engines = self.engines()
         if not engines:
             raise PublicationError(f"run {self.run_id} has no registered engine to publish to")
+        saved = time.perf_counter()
+        note = ""
+        seconds: dict[str, float] = {}
+        paused = self._pause_all(engines) if self.pause else {}
+        try:
+            if self.method is PublicationMethod.DISTRIBUTED:
+                note = self._broadcast(model, policy_version, engines, seconds)
+                if note:  # the folder is saved: every engine loads it instead
+                    seconds.clear()
+                    self._to_all(engines, lambda sink: sink.load_from_disk(path, policy_version), seconds)
+            elif self.method is PublicationMethod.TENSOR:
+                tensors = model.named_tensors()
+                self._to_all(engines, lambda sink: sink.load_tensors(tensors, policy_version), seconds)
+            else:
+                self._to_all(engines, lambda sink: sink.load_from_disk(path, policy_version), seconds)
+        finally:  # an engine left paused would hold its requests for good
+            self._continue_all({name: engines[name] for name in paused})
+        done = time.perf_counter()
+        skipped = sorted(set(engines) - set(seconds))
+        self.skipped.extend((policy_version, name) for name in skipped)
+        publication = Publication(
+            version=policy_version,
+            method=self.method.value,
+            started_at=started_at,
+            save_s=saved - began,
+            send_s=done - saved,
+            engines=seconds,
+            skipped=skipped,
+            paused=paused,
+            note=note,
+        )
+        self.publications.append(publication)
+        # Read by tools/run.py until its report reads policy.published (publications_from_log).
+        with (self.publish_dir / PUBLICATIONS_FILE).open("a") as out:
+            out.write(json.dumps(asdict(publication)) + "\n")
 
-        async def each() -> None:
-            for name, url in sorted(engines.items()):
-                sink = EngineWeightSink(url, self.timeout_s)
-                try:
-                    await sink.load_from_disk(path, policy_version)
-                except EngineUnavailable:
-                    self.skipped.append((policy_version, name))  # it loads the newest policy on restart
-                except EngineError as exc:
-                    raise PublicationError(f"{name} ({url}): {exc}") from exc
+    def publication_event(self, policy_version: int, step: int) -> WeightsPublished:
+        """The event recording publication ``policy_version`` (the update of ``step``), with
+        what this publisher measured of it (none when it did not publish that version)."""
+        measured = next((p for p in reversed(self.publications) if p.version == policy_version), None)
+        if measured is None:
+            return WeightsPublished(run_id=self.run_id, policy_version=policy_version, step=step)
+        return WeightsPublished(
+            run_id=self.run_id,
+            policy_version=policy_version,
+            step=step,
+            method=measured.method,
+            started_at=measured.started_at,
+            save_s=measured.save_s,
+            send_s=measured.send_s,
+            engines=dict(measured.engines),
+            skipped=tuple(measured.skipped),
+            paused=dict(measured.paused),
+            note=measured.note,
+        )
 
-        asyncio.run(each())
+    def _pause_all(self, engines: dict[str, str]) -> dict[str, int]:
+        """Pause every engine that can, at once; engine -> its requests in flight when asked.
+        An engine that cannot pause, or cannot be reached, is left out (its update waits)."""
+        pausable = {n: s for n, u in engines.items() if isinstance(s := self._sink_for(u), PausesGeneration)}
+
+        async def each() -> list[int | BaseException | None]:
+            return await asyncio.gather(*(s.pause() for s in pausable.values()), return_exceptions=True)
+
+        paused: dict[str, int] = {}
+        for name, outcome in zip(pausable, asyncio.run(each()), strict=True):
+            if isinstance(outcome, int):
+                paused[name] = outcome
+            elif isinstance(outcome, BaseException) and not isinstance(outcome, EngineError):
+                self._continue_all({n: engines[n] for n in paused})
+                raise outcome
+        return paused
+
+    def _continue_all(self, engines: dict[str, str]) -> None:
+        """Continue every engine paused; one that cannot be reached any more is left (a
+        restarted engine starts unpaused)."""
+
+        async def each() -> list[BaseException | None]:
+            sinks = [self._sink_for(url) for url in engines.values()]
+            return await asyncio.gather(
+                *(s.resume() for s in sinks if isinstance(s, PausesGeneration)), return_exceptions=True
+            )
+
+        for outcome in asyncio.run(each()):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, EngineError):
+                raise outcome
+
+    def _to_all(
+        self,
+        engines: dict[str, str],
+        send: Callable[[WeightSink], Awaitable[None]],
+        seconds: dict[str, float],
+    ) -> None:
+        """``send`` to every engine at once; each one reached gets its seconds in ``seconds``.
+        Unreachable engines are left out; the first refusal, once all answered, is raised."""
+
+        async def one(name: str, url: str) -> None:
+            began = time.perf_counter()
+            await send(self._sink_for(url))
+            seconds[name] = time.perf_counter() - began
+
+        async def each() -> list[BaseException | None]:
+            return await asyncio.gather(
+                *(one(name, url) for name, url in sorted(engines.items())), return_exceptions=True
+            )
+
+        for (name, url), outcome in zip(sorted(engines.items()), asyncio.run(each()), strict=True):
+            if outcome is None or isinstance(outcome, EngineUnavailable):
+                continue  # an unreachable engine loads the newest policy when it starts again
+            if isinstance(outcome, EngineError):
+                raise PublicationError(f"{name} ({url}): {outcome}") from outcome
+            raise outcome
+
+    def _broadcast(
+        self, model: PublishableModel, policy_version: int, engines: dict[str, str], seconds: dict[str, float]
+    ) -> str:
+        """One gloo broadcast to every engine (the group kept while the engines stay the same);
+        returns why it failed ("" when it did not)."""
+        urls = tuple(url for _, url in sorted(engines.items()))
+        if self._group is not None and self._group[0] != urls:
+            self.close()  # an engine came or went: the next group has the engines of now
+        if self._group is None:
+            config = EnginePublisherConfig(urls, PublicationMethod.DISTRIBUTED, timeout_s=self.timeout_s)
+            self._group = (urls, EnginePublisher(config, [self._sink_for(url) for url in urls]))
+        began = time.perf_counter()
+        try:
+            self._group[1].publish(model, policy_version)
+        except PublicationError as exc:
+            self.close()
+            return f"broadcast failed, every engine loaded the folder instead: {exc}"
+        took = time.perf_counter() - began
+        seconds.update({name: took for name in engines})
+        return ""
+
+    def close(self) -> None:
+        """Leave an open broadcast group (``distributed``)."""
+        group, self._group = self._group, None
+        if group is not None:
+            group[1].close()
 
 
 class _Resuming:

@@ -183,7 +183,13 @@ def _live_core(
         daemon=True,
     )
     feeder.start()
-    return LivePublisher(log, config.run_id, live.publish_dir, timeout_s=live.training.publish_timeout_s)
+    return LivePublisher(
+        log,
+        config.run_id,
+        live.publish_dir,
+        timeout_s=live.training.publish_timeout_s,
+        method=live.training.publish,
+    )
 
 
 def _feed_or_die(*args: Any, **kwargs: Any) -> None:
