@@ -23,6 +23,18 @@ run, still from the other seed's costs only).
     .venv/bin/python benchmarks/bench_live_run.py [--steps 4] [--config run.toml] [--run RUN]
         [--seed S] [--predict-from out/bench_live_run/costs-seed<T>.json]
 
+With ``--engine reference|sglang|both`` it measures the rollout engines instead: generated
+tokens per second (``engine_rate``: every recorded model call's output tokens over the rollout
+phase, the first call's start to the last call's end) of one configuration (``--config``, else
+``engine_rate.ENGINE_CONFIG``: 2 steps, 2 engines x 4, 64 tokens a call) on one checkpoint
+(``--checkpoint``, else a tiny Qwen3.6 written by ``write_checkpoint``; ``--family qwen3`` for a
+Qwen3 one, which a live run's reference engine refuses today), the run's ``engine`` set
+to each kind in turn and nothing else changed. ``both`` runs the reference engine, then SGLang,
+in one invocation, and prints SGLang / reference with MET or MISSED against
+``engine_rate.TARGET`` (at least 1.0x). The simulator's report is not printed on this path.
+
+    .venv/bin/python benchmarks/bench_live_run.py --engine both [--checkpoint DIR] [--steps 2]
+
 The database and Redis are ``GYRE_DATABASE_URL`` and ``GYRE_REDIS_URL`` (default: a new
 database on the machine's PostgreSQL, kept and printed, and its Redis, on 127.0.0.1).
 """
@@ -38,6 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import engine_rate
 import live_costs
 import msgspec
 import psycopg
@@ -97,8 +110,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="override the config's steps")
     parser.add_argument("--seed", dest="run_seed", type=int, help="override the config's seed")
     parser.add_argument("--run", help="read this run from the database instead of starting one")
+    parser.add_argument("--engine", choices=("reference", "sglang", "both"),
+                        help="measure generated tokens per second on this engine kind (both: "
+                             "SGLang / reference, MET or MISSED) instead of the simulator's report")  # fmt: skip
+    parser.add_argument("--checkpoint", type=Path,
+                        help="with --engine: the model.init of every run (default: a tiny checkpoint "
+                             "written by write_checkpoint)")  # fmt: skip
+    parser.add_argument("--family", choices=engine_rate.FAMILIES, default=engine_rate.FAMILIES[0],
+                        help="with --engine and no --checkpoint: the family of the tiny checkpoint "
+                             "written (default qwen3.6: a live run's reference engine refuses qwen3)")  # fmt: skip
     live_costs.add_arguments(parser, "bench_live_run")
     args = parser.parse_args()
+    if args.engine is not None:
+        if args.run is not None or args.predict_from is not None:
+            parser.error("--engine starts its own runs: --run and --predict-from do not apply")
+        _compare_engines(args)
+        return
+    if args.checkpoint is not None:
+        parser.error("--checkpoint needs --engine")
     other = live_costs.load_argument(parser, args).get("run")
     if args.predict_from and other is None:
         parser.error(f"{args.predict_from} holds no costs of bench_live_run (a policies benchmark's file?)")
@@ -189,6 +218,76 @@ def main() -> None:
     print(f"  load average (1, 5, 15 min): {_loads(load_before)} as the benchmark started, "
           f"{_loads(os.getloadavg())} at its end")  # fmt: skip
     print(f"  this run's costs: {costs_file} (--predict-from for a run on another seed)")
+
+
+def _compare_engines(args: argparse.Namespace) -> None:
+    """``--engine``: the same configuration and checkpoint on each engine kind asked for, one
+    run after another, and their generated tokens per second."""
+    kinds = ("reference", "sglang") if args.engine == "both" else (args.engine,)
+    base = parse_config(args.config.read_text() if args.config else engine_rate.ENGINE_CONFIG)
+    if args.steps:
+        base = msgspec.structs.replace(base, steps=args.steps)
+    if args.run_seed is not None:
+        base = msgspec.structs.replace(base, seed=args.run_seed)
+    print(f"target (fixed before measuring): SGLang >= {engine_rate.TARGET:.1f}x the reference engine's "
+          "generated tokens per second over the rollout phase, same configuration and checkpoint",
+          flush=True)  # fmt: skip
+    env = {
+        "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or _fresh_database(),
+        "GYRE_REDIS_URL": os.environ.get("GYRE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    }
+    print(f"database: {env['GYRE_DATABASE_URL']}", flush=True)
+    rates: dict[str, engine_rate.GenerationRate] = {}
+    loads: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {}
+    # Kept (under --out, not committed): each run's folder holds its engines' logs.
+    root = (Path(args.out) / f"engines-{int(time.time())}").resolve()
+    root.mkdir(parents=True)
+    print(f"runs' folders: {root}", flush=True)
+    if args.checkpoint is not None:
+        checkpoint = args.checkpoint.resolve()
+    else:
+        checkpoint = engine_rate.write_tiny_checkpoint(root / f"checkpoint-{args.family}", args.family)
+    print(f"checkpoint (model.init of every run): {checkpoint}", flush=True)
+    for kind in kinds:
+        config = msgspec.structs.replace(
+            base, engine=kind, model=msgspec.structs.replace(base.model, init=str(checkpoint))
+        )
+        folder = root / kind
+        folder.mkdir()
+        env["GYRE_DATA_DIR"] = str(folder / "data")
+        print(f"\n{kind}: {config.steps} steps, {config.rollout_engines} engines x "
+              f"{config.engine_capacity}, B={config.B} N={config.N}, max_tokens {config.model.max_tokens}, "
+              f"seed {config.seed}", flush=True)  # fmt: skip
+        began = os.getloadavg()
+        run_id = _run(to_toml(config), env, folder)
+        loads[kind] = (began, os.getloadavg())
+        with PostgresEventLog(StoreConfig(env["GYRE_DATABASE_URL"])) as log:
+            try:
+                rates[kind] = engine_rate.generation_rate(log, run_id)
+            except engine_rate.NoModelCalls as exc:
+                raise SystemExit(str(exc)) from exc
+
+    print("\ngenerated tokens per second (every recorded model call of the run)")
+    print(f"  {'engine':<10} {'calls':>6} {'tokens':>7} {'phase s':>8} {'tok/s':>7}  "
+          f"{'busy s':>7} {'tok/s':>7}  {'per-call decode tok/s':>21}  load (1 min) start -> end")  # fmt: skip
+    for kind, r in rates.items():
+        start, end = loads[kind]
+        print(f"  {kind:<10} {r.calls:6d} {r.output_tokens:7d} {r.span_s:8.1f} {r.tokens_per_s:7.2f}  "
+              f"{r.busy_s:7.1f} {r.busy_tokens_per_s:7.2f}  {r.mean_decode_rate:21.2f}  "
+              f"{start[0]:.2f} -> {end[0]:.2f}")  # fmt: skip
+    print(
+        "  phase: first call's start -> last call's end (the target's window); busy: the time at "
+        "least one call was open; per-call decode: mean of (tokens - 1) / (duration - first token)"
+    )
+    if len(rates) == 2:
+        ref, sgl = rates["reference"], rates["sglang"]
+        ratio = sgl.tokens_per_s / ref.tokens_per_s if ref.tokens_per_s > 0 else 0.0
+        busy = sgl.busy_tokens_per_s / ref.busy_tokens_per_s if ref.busy_tokens_per_s > 0 else 0.0
+        decode = sgl.mean_decode_rate / ref.mean_decode_rate if ref.mean_decode_rate > 0 else 0.0
+        verdict = "MET" if ratio >= engine_rate.TARGET else "MISSED"
+        print(f"\nSGLang / reference, tokens per second over the rollout phase: {ratio:.2f}x "
+              f"(target >= {engine_rate.TARGET:.1f}x): {verdict}")  # fmt: skip
+        print(f"  (no target) over busy time {busy:.2f}x; per-call decode rate {decode:.2f}x")
 
 
 def _loads(loads: tuple[float, float, float]) -> str:
