@@ -32,6 +32,7 @@ from gyre_store.catalog import (
     ExecutionExcluded,
     GroupConsumed,
     GroupDispatched,
+    ModelCallRecorded,
     PlaceholderInserted,
     RewardAssigned,
     RunStarted,
@@ -52,6 +53,7 @@ REPORT_TYPES = (
     "cell.role_changed",
     "cell.command",
     "cell.step_done",
+    "model_call.recorded",
 )
 
 
@@ -91,10 +93,22 @@ class RoleSpan(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Staleness(msgspec.Struct, frozen=True, kw_only=True):
+    """Two readings of staleness. ``measured_mean`` and ``histogram``: per consumed group, the
+    step that consumed it minus the version published when it was dispatched (the paper's
+    ``d``, what ``expected_mean`` predicts). ``engine_mean`` and ``engine_histogram``: per model
+    call of those groups' executions, the consuming step minus the oldest version its engine
+    reported for the call's sampled tokens (``meta_info.weight_version``; every recorded
+    attempt counts, an aborted one too); ``unreported_calls`` counts calls whose engine
+    reported none."""
+
     measured_mean: float | None
     expected_mean: float
     groups: int
     histogram: dict[str, int]
+    engine_mean: float | None = None
+    engine_calls: int = 0
+    unreported_calls: int = 0
+    engine_histogram: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class HeldOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +147,25 @@ def _rewards(events: Iterable[RecordedEvent]) -> dict[str, float | None]:
             case _:
                 pass
     return out
+
+
+def _engine_staleness(
+    mine: list[RecordedEvent], consumed: dict[int, list[GroupConsumed]], members: dict[str, list[str]]
+) -> tuple[list[int], int]:
+    """Per model call of a consumed group's executions: the consuming step minus the oldest
+    version the engine reported for its sampled tokens; and how many calls reported none."""
+    step_of = {e: g.step for gs in consumed.values() for g in gs for e in members.get(g.group_id, [])}
+    stale: list[int] = []
+    unreported = 0
+    for call in (r.event for r in mine if isinstance(r.event, ModelCallRecorded)):
+        step = step_of.get(call.execution_id)
+        if step is None:
+            continue
+        if not call.weight_versions:
+            unreported += 1
+            continue
+        stale.append(step - min(version for _, version in call.weight_versions))
+    return stale, unreported
 
 
 def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
@@ -192,6 +225,10 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
     histogram: dict[str, int] = defaultdict(int)
     for d in stale:
         histogram[str(d)] += 1
+    engine_stale, unreported = _engine_staleness(mine, consumed, members)
+    engine_histogram: dict[str, int] = defaultdict(int)
+    for d in engine_stale:
+        engine_histogram[str(d)] += 1
     side_runs: dict[str, list[str]] = defaultdict(list)
     for r in events:
         if isinstance(r.event, ExecutionDispatched) and r.event.run_id.startswith(side):
@@ -220,6 +257,10 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
             expected_mean=phi + (mu - 1) / 2,
             groups=len(stale),
             histogram=dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+            engine_mean=sum(engine_stale) / len(engine_stale) if engine_stale else None,
+            engine_calls=len(engine_stale),
+            unreported_calls=unreported,
+            engine_histogram=dict(sorted(engine_histogram.items(), key=lambda kv: int(kv[0]))),
         ),
         held_out=held_out,
         transitions=transitions,

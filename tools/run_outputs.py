@@ -64,6 +64,10 @@ def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
             "expected_mean": report.staleness.expected_mean,
             "groups": report.staleness.groups,
             "histogram": report.staleness.histogram,
+            "engine_mean": report.staleness.engine_mean,
+            "engine_calls": report.staleness.engine_calls,
+            "unreported_calls": report.staleness.unreported_calls,
+            "engine_histogram": report.staleness.engine_histogram,
         },
         "transitions": report.transitions,
         "transition_times": [
@@ -149,6 +153,8 @@ def _verdict(summary: dict[str, Any]) -> str:
     st = summary["staleness"]
     if st["measured_mean"] is not None:
         parts.append(f"staleness {st['measured_mean']:.2f} measured vs E[d] = {st['expected_mean']:.2f}")
+    if st.get("engine_mean") is not None:
+        parts.append(f"{st['engine_mean']:.2f} from the engines' weight_version ({st['engine_calls']} calls)")
     return "; ".join(parts)
 
 
@@ -189,13 +195,19 @@ def _plots(report: RunReport, config: RunConfig, run_dir: Path) -> dict[str, str
     plt.close(fig)
 
     hist = report.staleness.histogram
+    engine_hist = report.staleness.engine_histogram
     fig, ax = plt.subplots(figsize=(5, 3))
-    ax.bar([int(k) for k in hist], list(hist.values()), color="tab:blue")
+    total_groups, total_calls = sum(hist.values()) or 1, sum(engine_hist.values()) or 1
+    ax.bar([int(k) - 0.2 for k in hist], [v / total_groups for v in hist.values()], width=0.4,
+           color="tab:blue", label="groups, at dispatch")  # fmt: skip
+    if engine_hist:
+        ax.bar([int(k) + 0.2 for k in engine_hist], [v / total_calls for v in engine_hist.values()], width=0.4,
+               color="tab:orange", label="model calls, engine-reported")  # fmt: skip
     ax.axvline(report.staleness.expected_mean, color="tab:red", linestyle="--", label="E[d] = phi + (mu-1)/2")
     if report.staleness.measured_mean is not None:
-        ax.axvline(report.staleness.measured_mean, color="tab:green", label="measured mean")
+        ax.axvline(report.staleness.measured_mean, color="tab:green", label="measured mean (dispatch)")
     ax.set_xlabel("staleness d = v_t - v_d (policy versions)")
-    ax.set_ylabel("groups")
+    ax.set_ylabel("fraction")
     ax.legend(fontsize=7)
     fig.tight_layout()
     out["staleness"] = str(run_dir / "staleness.png")

@@ -125,6 +125,18 @@ def test_every_fact_is_written_by_the_component_that_knows_it(live_run: Run) -> 
     dispatched = {b["group_id"]: b["policy_version"] for _, t, b in events if t == "group.dispatched"}
     stale = [b["step"] - dispatched[b["group_id"]] for _, t, b in events if t == "group.consumed"]
     assert sum(stale) / len(stale) == live_run.summary["staleness"]["measured_mean"]
+    # And per model call, from the version the engine reported for its sampled tokens.
+    groups = {b["execution_id"]: b["group_id"] for _, t, b in events if t == "execution.dispatched"}
+    step_of = {b["group_id"]: b["step"] for _, t, b in events if t == "group.consumed"}
+    by_engine = [
+        step_of[groups[b["execution_id"]]] - min(v for _, v in b["weight_versions"])
+        for _, t, b in events
+        if t == "model_call.recorded"
+        and groups.get(b["execution_id"]) in step_of
+        and b.get("weight_versions")
+    ]
+    assert by_engine and sum(by_engine) / len(by_engine) == live_run.summary["staleness"]["engine_mean"]
+    assert live_run.summary["staleness"]["unreported_calls"] == 0
 
 
 def test_the_scheduler_replays_the_live_run_exactly(live_run: Run) -> None:

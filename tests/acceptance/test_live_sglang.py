@@ -122,6 +122,9 @@ def test_every_step_trains_on_sglang_engines_and_staleness_is_measured(sglang_ru
     for step in s["steps"]:
         assert step["groups"] == 2 and step["executions"] == 4 and step["trainable_tokens"] > 0
     assert s["staleness"]["groups"] == 4 and s["staleness"]["measured_mean"] is not None
+    # ... and from the versions the SGLang servers reported with every sampled token.
+    assert s["staleness"]["unreported_calls"] == 0 and s["staleness"]["engine_calls"] > 0
+    assert s["staleness"]["engine_mean"] is not None and s["staleness"]["engine_mean"] >= 0
     # The engines were SGLang servers started by the node agent, each logging to the run.
     logs = sorted(p.name for p in (Path(s["plots"]["reward"]).parent / "logs").glob("sglang-*.log"))
     assert logs == ["sglang-pool-0.log", "sglang-pool-1.log"]

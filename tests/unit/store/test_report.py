@@ -1,6 +1,7 @@
 """A run's report reads roles and transition times from the log: each step's roles at its start
 (a fixed partition's cells in training from the run's start), each transition's phases and
-its time from its first command to its last step."""
+its time from its first command to its last step; staleness both at dispatch and from the
+versions the engines reported with each model call."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from gyre_store import (
     CellRoleChanged,
     CellStep,
     CellStepDone,
+    ExecutionDispatched,
+    GroupConsumed,
+    GroupDispatched,
     InMemoryEventLog,
+    ModelCallRecorded,
     NewEvent,
     RunStarted,
     run_report,
@@ -88,3 +93,35 @@ def test_roles_at_each_steps_start_and_a_transitions_phases() -> None:
         (0, "transitioning", 2.0, 8.0),
         (0, "training", 8.0, 11.0),
     ]
+
+
+def _call(execution: str, request: str, versions: tuple[tuple[int, int], ...]) -> ModelCallRecorded:
+    return ModelCallRecorded(execution_id=execution, run_id=RUN, request_id=request, weight_versions=versions)
+
+
+def test_staleness_at_dispatch_and_from_the_engines_reported_versions() -> None:
+    log = _log(
+        _started(fixed=0),
+        GroupDispatched(group_id="g0", run_id=RUN, query_id="q0", size=2, policy_version=0),
+        ExecutionDispatched(execution_id="e0", run_id=RUN, group_id="g0", policy_version=0),
+        ExecutionDispatched(execution_id="e1", run_id=RUN, group_id="g0", policy_version=0),
+        GroupDispatched(group_id="g1", run_id=RUN, query_id="q1", size=1, policy_version=1),
+        ExecutionDispatched(execution_id="e2", run_id=RUN, group_id="g1", policy_version=1),
+        ExecutionDispatched(execution_id="e3", run_id=RUN, group_id="g9", policy_version=1),  # never consumed
+        _call("e0", "r0", ((0, 0),)),  # sampled on version 0
+        _call("e0", "r1", ((0, 1), (5, 2))),  # a publication mid-call: its oldest version counts
+        _call("e1", "r2", ()),  # the engine reported no version
+        _call("e2", "r3", ((0, 2),)),
+        _call("e3", "r4", ((0, 0),)),  # its group was not consumed: not counted
+        GroupConsumed(group_id="g0", run_id=RUN, step=2),
+        GroupConsumed(group_id="g1", run_id=RUN, step=3),
+        BatchClosed(run_id=RUN, step=2),
+        BatchClosed(run_id=RUN, step=3),
+    )
+    st = run_report(log, RUN, phi=1.0, mu=2).staleness
+    assert (st.measured_mean, st.groups, st.histogram) == (2.0, 2, {"2": 2})  # 2 - 0 and 3 - 1
+    assert st.expected_mean == 1.5
+    # Per call: 2 - 0, 2 - 1, 3 - 2; e1's call reported nothing.
+    assert (st.engine_calls, st.unreported_calls) == (3, 1)
+    assert st.engine_mean == 4 / 3
+    assert st.engine_histogram == {"1": 2, "2": 1}
