@@ -20,7 +20,7 @@ import torch
 
 from gyre_proxy.engines import EngineClient, EngineClientConfig, SamplingConfig
 from gyre_proxy.engines.refengine import ModelSource, load_model, save_model_dir
-from gyre_store import EngineRegistered, InMemoryEventLog
+from gyre_store import EngineRegistered, InMemoryEventLog, NewEvent
 from gyre_tools.run_config import sglang_missing, sglang_serve_command
 from gyre_train.cells import LivePublisher
 from gyre_train.cells.live import PUBLICATIONS_FILE
@@ -99,6 +99,8 @@ def test_sglang_engines_start_register_take_every_publication_at_once_and_stop(t
             publisher = LivePublisher(log, "run", tmp_path / "policies", method=method, timeout_s=300)
             try:
                 publisher.publish(perturbed(model, version), version)
+                # Recorded as the core records it (what a starting engine reads its version from).
+                log.append([NewEvent(publisher.publication_event(version, version - 1))])
             finally:
                 publisher.close()
             assert [served_version(url) for url in urls if url] == [str(version)] * 2, method
@@ -107,6 +109,18 @@ def test_sglang_engines_start_register_take_every_publication_at_once_and_stop(t
         assert [(x["version"], x["method"], sorted(x["engines"])) for x in lines] == [
             (v, m, ["run:pool-0", "run:pool-1"]) for v, m in ((1, "disk"), (2, "tensor"), (3, "distributed"))
         ]
+
+        # A cell's move to training ends its server; its return starts a new one on the newest
+        # policy (what elastic and colocate do with an SGLang engine), registered again.
+        released = engines[1].server_pid
+        engines[1].stop()
+        assert not engines[1].alive() and engines[1].base_url is None
+        time.sleep(1)
+        assert released is not None and group_alive(released) == [], "the released server's processes live on"
+        engines[1].start()
+        again = [r.event for r in log.read(0) if isinstance(r.event, EngineRegistered)]
+        assert [e.engine for e in again].count("run:pool-1") == 2
+        assert engines[1].base_url is not None and served_version(engines[1].base_url) == "3"
 
         # A server that dies is noticed (its rollout process then exits, and the node agent
         # starts it again).
