@@ -15,6 +15,9 @@ GyreTrainError
  ├── ExecutionNotClosedError   an execution was asked for its outcome before it closed
  ├── InvalidEvaluationError    an evaluator's result is malformed, out of range or names an unknown artifact
  ├── EvaluatorFailure          an evaluator could not evaluate the preserved state (retryable)
+ │  tasks and sandboxes (gyre_train.tasks, gyre_train.sandbox):
+ ├── TaskSourceError           a task source (Harbor directory, JSONL file, builtin family) is malformed
+ ├── SandboxError              a sandbox kind cannot run a command or a task as asked
  │  streaming training (gyre_train.cells):
  ├── ClaimQueueError           the claim queue refused an operation
  ├── ContributionError         the micro-steps reduced into a batch are not each there exactly once
@@ -96,6 +99,14 @@ class InvalidEvaluationError(GyreTrainError):
 
 class EvaluatorFailure(GyreTrainError):
     """The evaluator could not evaluate the preserved state; the evaluation stays pending."""
+
+
+class TaskSourceError(GyreTrainError):
+    """The task source is malformed"""
+
+
+class SandboxError(GyreTrainError):
+    """The sandbox cannot run this"""
 
 
 class ClaimQueueError(GyreTrainError):

@@ -1,11 +1,15 @@
 """The built-in task suite: families of small tasks with verifiable rewards (hidden tests that
 score partial work), their train and held-out instances as ``task.defined`` events, and the
-expert demonstrations a warm start trains on. Knows nothing of harnesses or engines.
+expert demonstrations a warm start trains on; and task sources (Harbor task directories, JSONL
+files, ``builtin:<family>``) that all produce the same ``Task``, checked against Harbor's contract
+in a sandbox. Knows nothing of harnesses or engines.
 """
 
 from __future__ import annotations
 
+from gyre_train.tasks.check import CheckResult, Verdict, check_or_error, check_task, read_reward, refusal
 from gyre_train.tasks.families import DEMO_WEIGHTS, FAMILIES, family, task_suite
+from gyre_train.tasks.sources import TaskSource, open_source
 from gyre_train.tasks.suite import (
     CHECK_COMMAND,
     Demonstration,
@@ -16,18 +20,33 @@ from gyre_train.tasks.suite import (
     held_out,
     instances,
 )
+from gyre_train.tasks.task import CopiedTree, FileTree, GitCheckout, Resources, Task, tree_hash
 
 __all__ = [
     "CHECK_COMMAND",
     "DEMO_WEIGHTS",
     "FAMILIES",
+    "CheckResult",
+    "CopiedTree",
     "Demonstration",
+    "FileTree",
+    "GitCheckout",
     "Instance",
     "Maker",
+    "Resources",
+    "Task",
+    "TaskSource",
     "ToolCall",
+    "Verdict",
+    "check_or_error",
+    "check_task",
     "defined",
     "family",
     "held_out",
     "instances",
+    "open_source",
+    "read_reward",
+    "refusal",
     "task_suite",
+    "tree_hash",
 ]

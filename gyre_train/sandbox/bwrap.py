@@ -1,0 +1,143 @@
+"""The ``bwrap`` sandbox: bubblewrap namespaces on the host's own root file system.
+
+The command gets its own mount, pid, user, IPC, UTS and network namespaces (the network holds
+only a loopback of its own: nothing of the host is reachable), no capabilities, the host's
+``/usr`` and a few files of ``/etc`` read-only, fresh ``/proc``, ``/dev`` and ``/tmp``, and the
+caller's binds, nothing else. Its environment is built from nothing. Limits are rlimits set by
+``prlimit`` inside. Started by root, bwrap runs as an unprivileged user (``uid``, nobody by
+default), since the kernel applies no process limit to root: writable binds are handed to that
+user, and every bind must be readable by it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gyre_train.exceptions import SandboxError
+from gyre_train.sandbox.base import NO_LIMITS, Bind, Limits, RunResult, Sandbox, minimal_env, run_group
+
+NOBODY = 65534
+ROOT_LINKS = ("bin", "lib", "lib64", "sbin")  # merged-/usr links (or folders) of the host root
+ETC_FILES = (
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "alternatives",
+    "hosts",
+)
+
+
+def bwrap_missing() -> str | None:
+    """Why bubblewrap cannot be used here, or None when it can."""
+    if shutil.which("bwrap") is None:
+        return "BUBBLEWRAP NOT INSTALLED: apt-get install bubblewrap"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "SETPRIV NOT INSTALLED (util-linux): bwrap started by root runs as an unprivileged user through it"
+    return None
+
+
+class BwrapSandbox(Sandbox):
+    """Runs commands in bubblewrap namespaces (see the module docstring)."""
+
+    kind = "bwrap"
+    remaps = True
+    python = "/usr/bin/python3"
+
+    def __init__(self, *, uid: int = NOBODY) -> None:
+        if (missing := bwrap_missing()) is not None:
+            raise SandboxError(missing)
+        self._uid = uid
+        self._drop = os.geteuid() == 0
+
+    def run(
+        self,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] | None = None,
+        timeout_s: float,
+        limits: Limits = NO_LIMITS,
+    ) -> RunResult:
+        if not command:
+            raise SandboxError("command: empty")
+        if not workdir.startswith("/"):
+            raise SandboxError(f"workdir: {workdir!r} must be an absolute path inside the sandbox")
+        for bind in binds:
+            if not bind.source.exists():
+                raise SandboxError(f"binds: {bind.source} does not exist")
+            if self._drop:
+                if bind.writable:
+                    _hand_over(bind.source, self._uid)
+                _check_reachable(bind.source, self._uid)
+        argv = [*self._prefix(), *self._namespaces(), *self._binds(binds), "--chdir", workdir]
+        for key, value in minimal_env(workdir, env).items():
+            argv += ["--setenv", key, value]
+        argv += ["--", *limits.prlimit(), *command]
+        result = run_group(
+            argv, cwd=None, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout_s=timeout_s
+        )
+        if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
+            raise SandboxError(f"bwrap could not set up the sandbox: {result.stderr.strip().splitlines()[0]}")
+        return result
+
+    def _prefix(self) -> list[str]:
+        if not self._drop:
+            return ["bwrap"]
+        uid = str(self._uid)
+        return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bwrap"]
+
+    @staticmethod
+    def _namespaces() -> list[str]:
+        args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--clearenv"]
+        args += ["--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]
+        for name in ROOT_LINKS:
+            path = Path("/", name)
+            if path.is_symlink():
+                args += ["--symlink", os.readlink(path), str(path)]
+            elif path.is_dir():
+                args += ["--ro-bind", str(path), str(path)]
+        for name in ETC_FILES:
+            if Path("/etc", name).exists():
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+
+    @staticmethod
+    def _binds(binds: Sequence[Bind]) -> list[str]:
+        args: list[str] = []
+        for bind in binds:
+            args += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.target]
+        return args
+
+
+def _hand_over(root: Path, uid: int) -> None:
+    """Make ``root`` and everything under it ``uid``'s, so the sandbox's user may write it."""
+    os.chown(root, uid, uid, follow_symlinks=False)
+    if root.is_dir() and not root.is_symlink():
+        for folder, dirs, files in os.walk(root):
+            for name in dirs + files:
+                os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+
+
+def _check_reachable(path: Path, uid: int) -> None:
+    """Raise SandboxError unless user ``uid`` (no groups) can reach and read ``path``."""
+    resolved = path.resolve()
+    for folder in [*reversed(resolved.parents), resolved]:
+        info = folder.stat()
+        own = info.st_uid == uid
+        need = stat.S_IXUSR if own else stat.S_IXOTH
+        if folder == resolved:
+            need = (stat.S_IRUSR if own else stat.S_IROTH) | (need if folder.is_dir() else 0)
+        if info.st_mode & need != need:
+            raise SandboxError(
+                f"binds: {path} is not readable by the sandbox's user {uid} ({folder} has mode "
+                f"{stat.filemode(info.st_mode)}); put it in a folder others may read"
+            )
