@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gyre_tools.engine",
     "gyre_tools.sched",
     "gyre_tools.simulate",
+    "gyre_tools.tasks",
     "gyre_tools.tracegen",
     "gyre_tools.proxy",
     "gyre_tools.trees",

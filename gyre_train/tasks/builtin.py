@@ -7,8 +7,8 @@ The solution is the files the family's correct demonstration writes, copied into
 from __future__ import annotations
 
 from gyre_store import TaskSplit
-from gyre_train.exceptions import InvalidConfigError, TaskSourceError
-from gyre_train.tasks.families import family
+from gyre_train.exceptions import TaskSourceError
+from gyre_train.tasks.families import FAMILIES, family
 from gyre_train.tasks.suite import CHECK_COMMAND, Instance, instances
 from gyre_train.tasks.task import FileTree, Task
 
@@ -21,10 +21,11 @@ def read_builtin(
 ) -> list[Task]:
     """``train`` training and ``heldout`` held-out tasks of the family ``spec`` names."""
     name = spec.removeprefix(PREFIX)
-    try:
-        make = family(name)
-    except InvalidConfigError as exc:
-        raise TaskSourceError(f"{spec}: {exc}") from None
+    if name not in FAMILIES:
+        raise TaskSourceError(
+            f"{spec}: unknown builtin family {name!r}; known: {', '.join(sorted(FAMILIES))}"
+        )
+    make = family(name)
     out: list[Task] = []
     for split, count in ((TaskSplit.TRAIN, train), (TaskSplit.HELDOUT, heldout)):
         for i, inst in enumerate(instances(name, make, count=count, split=split, seed=seed)):

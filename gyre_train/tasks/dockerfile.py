@@ -119,7 +119,8 @@ def _copies(
         raise TaskSourceError(f"{where}: {keyword} needs a source and a destination")
     *sources, dest = words
     target = posixpath.normpath(posixpath.join(workdir, dest))
-    into_folder = dest.endswith("/") or len(sources) > 1
+    # Docker puts a file inside an existing folder; the only folder known to exist is the WORKDIR
+    into_folder = dest.endswith("/") or len(sources) > 1 or target == workdir
     out: list[tuple[Path, str]] = []
     for name in sources:
         if "://" in name:
