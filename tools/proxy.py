@@ -90,6 +90,14 @@ def register(subparsers: Any) -> None:
     )
     add_env_argument(
         serve,
+        "--max-tokens",
+        "GYRE_PROXY_MAX_TOKENS",
+        default="0",
+        type=int,
+        help="the most tokens one model call may generate, whatever the harness asks for (0: no cap)",
+    )
+    add_env_argument(
+        serve,
         "--workers",
         "GYRE_PROXY_WORKERS",
         default="1",
@@ -177,6 +185,7 @@ def run_serve(args: argparse.Namespace) -> int:
         model_dir=Path(args.model) if args.model else None,
         harness=args.harness,
         context_limit=args.context_limit,
+        max_tokens=_max_tokens(args.max_tokens),
         host=args.host,
         port=args.port,
         run_id=args.run,
@@ -317,3 +326,10 @@ def run_new(args: argparse.Namespace) -> int:
         env = "ANTHROPIC" if not openai_style else "OPENAI"
         console.print(f"execution {execution_id}\n  {env}_BASE_URL={base}\n  {env}_API_KEY={key}")
     return 0
+
+
+def _max_tokens(value: int) -> int | None:
+    """``--max-tokens``: 0 is no cap; a negative number is refused."""
+    if value < 0:
+        raise SystemExit(f"--max-tokens must be 0 (no cap) or positive, got {value}")
+    return value or None

@@ -235,6 +235,7 @@ class LiveRun:
             # killed one left; the answers log is what the store's records are held against.
             "proxy": [*gyre, "proxy", "serve", *run, "--port", str(port), "--harness", self.config.harness,
                       "--context-limit", str(self.config.model.max_context),
+                      "--max-tokens", str(self.config.model.max_tokens),
                       "--spool-dir", str(Path(self.config.run_dir) / "proxy-spool"),
                       "--answers-log", str(logs / "proxy-answers.jsonl"), *self._proxy_model()],
             "launcher": [*gyre, "launcher", "serve", *run, "--proxy-url", self.proxy_url],

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from gyre_proxy.exceptions import HarnessError
+from gyre_proxy.harness import plugin_for
 from gyre_sched import PolicyKind, SchedConfig
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
@@ -184,8 +186,24 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
             f"{where}: train.micro_step_tokens ({config.train.micro_step_tokens}) must be at least "
             f"model.max_context ({config.model.max_context}): a trajectory row is never split across micro-steps"
         )
+    _check_harness(config, where)
     config.sched()  # the policy and the scheduler's shape are valid
     return config
+
+
+def _check_harness(config: RunConfig, where: str) -> None:
+    """A known harness whose first request, and one answer, fit in ``model.max_context``."""
+    try:
+        plugin = plugin_for(config.harness)
+    except HarnessError as exc:
+        raise ConfigFileError(f"{where}: harness: {exc}") from None
+    needed = plugin.first_request_tokens + config.model.max_tokens
+    if plugin.first_request_tokens and config.model.max_context < needed:
+        raise ConfigFileError(
+            f"{where}: model.max_context ({config.model.max_context}) is too small for harness "
+            f"{plugin.name!r}: its first request takes about {plugin.first_request_tokens} tokens, so it needs "
+            f"at least {needed} (that plus model.max_tokens = {config.model.max_tokens})"
+        )
 
 
 def _check_engines(config: RunConfig, where: str) -> None:
@@ -275,14 +293,14 @@ engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s
 engine = "{c.engine}"    # reference (gyre's own engine) or sglang (python -m sglang.launch_server, from tools/sglang_setup.sh's environment)
 external_engines = {json.dumps(c.external_engines)}    # engines gyre does not start, each "NAME=URL" (capacity engine_capacity) or "NAME=URL@CAP"; they get every publication
 nodes = {c.nodes}                # node agents gyre run starts here (engines spread over them; trainers on the first)
-harness = "{c.harness}"        # builtin (the built-in agent) or claude-code
+harness = "{c.harness}"        # builtin (the built-in agent), claude-code or codex (their first request needs max_context >= about 12,000 and 9,000 + max_tokens)
 run_dir = "{c.run_dir}"           # empty: <data dir>/runs/<run id>; every machine must reach it
 
 [model]
 init = "{m.init}"      # warm-start: a tiny Qwen3 warm-started on generated demonstrations
                          # (made on first use, then cached); or a save_pretrained folder
 max_context = {m.max_context}    # tokens an engine accepts
-max_tokens = {m.max_tokens}      # tokens per model call
+max_tokens = {m.max_tokens}      # the most tokens one model call generates: the built-in agent asks for it, the proxy caps any harness's request at it
 
 [train]
 optimizer = "{t.optimizer}"   # adamw or sgd, the core's only optimizer

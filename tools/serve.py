@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gyre_proxy.harness import BuiltinHarness, HarnessPlugin, plugin_for
 from gyre_proxy.launch import Launcher, LauncherConfig
 from gyre_sched import Controller, LiveSink, TaskDeck
 from gyre_store import (
@@ -136,6 +137,15 @@ def _until_signal() -> threading.Event:
     return stop
 
 
+def harness_plugin(name: str, *, max_tokens: int) -> HarnessPlugin:
+    """The run's harness plug-in; the built-in agent asks for ``max_tokens`` per call (other
+    harnesses ask for what they ask, and the proxy caps it at the same ``model.max_tokens``)."""
+    plugin = plugin_for(name)
+    if isinstance(plugin, BuiltinHarness):
+        plugin.max_tokens = max_tokens
+    return plugin
+
+
 def run_launcher(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False) as opened:
         config = recorded_config(opened.log, args.run)
@@ -149,6 +159,7 @@ def run_launcher(args: argparse.Namespace) -> int:
                 harness=config.harness,
                 max_running=config.rollout_engines * config.engine_capacity,
             ),
+            plugin=harness_plugin(config.harness, max_tokens=config.model.max_tokens),
         )
         console.print(f"launcher of run {args.run}: workspaces in {root}")
         launcher.run(_until_signal())

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -92,6 +93,7 @@ class AnswerPipeline:
         spool: RecordSpool,
         *,
         context_limit: int = 131_072,
+        max_tokens: int | None = None,
         keep_sequences: int = 8,
         max_executions: int = 4096,
         inline_chars: int = 8192,
@@ -101,6 +103,7 @@ class AnswerPipeline:
         self.router = router
         self.spool = spool
         self.context_limit = context_limit
+        self.max_tokens = max_tokens  # the cap on one call's output, whatever the request asks
         self.keep_sequences = keep_sequences
         self.max_executions = max_executions
         self.inline_chars = inline_chars
@@ -321,6 +324,9 @@ class AnswerPipeline:
         if n_in + 1 > self.context_limit:
             raise ContextTooLong(input_tokens=n_in, limit=self.context_limit)
         yield MessageStart(n_in)
+        if self.max_tokens is not None and request.max_tokens > self.max_tokens:
+            # The answer then ends as any request's does at its limit (stop reason max_tokens).
+            request = msgspec.structs.replace(request, max_tokens=self.max_tokens)
 
         machine = AnswerMachine(
             request,

@@ -19,6 +19,7 @@ class BuiltinHarness(ClaudeCodeHarness):
     """The built-in agent: Bash, Read, Write and Agent tools, compaction past a context size."""
 
     name: str = "builtin"
+    first_request_tokens: int = 0  # a short system prompt and four tools: any context holds it
     max_turns: int = 4
     max_tokens: int = 160
     compact_after: int = 24_000

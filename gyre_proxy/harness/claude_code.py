@@ -43,6 +43,9 @@ class ClaudeCodeHarness:
     its prompt; a request whose last user message asks for the summary is a compaction."""
 
     name: str = "claude-code"
+    # Claude Code 2.1.332's first request with the bundled Qwen3.6 vocabulary: 11,737 tokens
+    # (tests/acceptance/test_claude_code.py checks it stays within 20% below this).
+    first_request_tokens: int = 12_000
     _spawns: dict[str, dict[str, str]] = field(default_factory=dict)  # execution -> prompt -> tool_use id
 
     def classify(self, ctx: ExecutionContext, request: ChatRequest, system_sha: str) -> CallTraits:

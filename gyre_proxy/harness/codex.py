@@ -72,6 +72,9 @@ class CodexHarness:
     ``spawn_agent`` call whose message opens it; ``request_kind: compaction`` is a compaction."""
 
     name: str = "codex"
+    # Codex 0.171.0's first request with the bundled Qwen3.6 vocabulary: 8,783 tokens
+    # (tests/acceptance/test_codex.py checks it stays within 20% below this).
+    first_request_tokens: int = 9_000
     _spawns: dict[str, dict[str, str]] = field(default_factory=dict)  # execution -> message -> call id
     _agents: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
 

@@ -60,6 +60,10 @@ class LaunchSpec:
 
 class HarnessPlugin(Protocol):
     name: str
+    # About how many tokens the harness's first request takes (its system prompt and tool
+    # definitions), measured with the Qwen vocabularies; 0 where none is known. A run whose
+    # model.max_context cannot hold it plus one answer is refused before it starts.
+    first_request_tokens: int
 
     def classify(self, ctx: ExecutionContext, request: ChatRequest, system_sha: str) -> CallTraits: ...
 
@@ -74,6 +78,7 @@ class GenericHarness:
     """No knowledge of the harness: everything is a turn of an unknown agent."""
 
     name = "generic"
+    first_request_tokens = 0  # any client: nothing is known of its requests
 
     def classify(self, ctx: ExecutionContext, request: ChatRequest, system_sha: str) -> CallTraits:
         return CallTraits(AgentKind.UNKNOWN, system_sha, CallPurpose.TURN)

@@ -48,6 +48,9 @@ class ProxyConfig:
     model_dir: Path | None = None
     harness: str = "claude-code"
     context_limit: int = 131_072
+    # The most tokens one model call may generate, whatever the harness asks for (None: what
+    # the request's max_tokens says).
+    max_tokens: int | None = None
     host: str = "127.0.0.1"
     port: int | None = None
     # Concurrent (and kept-alive) connections to each engine; each streamed generation
@@ -110,7 +113,12 @@ class ProxyService:
         )
         self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
         self.pipeline = AnswerPipeline(
-            self.ingestor, self.router, self.spool, context_limit=config.context_limit, sync=sync
+            self.ingestor,
+            self.router,
+            self.spool,
+            context_limit=config.context_limit,
+            max_tokens=config.max_tokens,
+            sync=sync,
         )
         self.keys = StoreKeys(log)
         self.app: Starlette = build_app(

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_store.catalog import Provenance
 from tests.acceptance.conftest import gyre
 from tests.acceptance.processes import engine_and_proxy, settled_records, tree
@@ -123,6 +124,11 @@ def test_claude_code_runs_through_the_proxy_and_its_tree_is_stored(
 
     records = sorted(view.records.values(), key=lambda r: r.seq)
     mains = [r for r in records if r.agent_kind == "main"]
+    # The size the run config's check assumes for Claude Code's first request (within 20%).
+    first = len(view.input_of(mains[0].request_id)[0])
+    assert 0.8 * ClaudeCodeHarness.first_request_tokens <= first <= ClaudeCodeHarness.first_request_tokens, (
+        first
+    )
     subs = [r for r in records if r.agent_kind == "sub_agent"]
     assert len(subs) >= 1 and len(mains) >= 5
     roots = {view.nodes[view.path(r.end_node)[0]].root_id for r in records}

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gyre_proxy.harness import CodexHarness
 from gyre_store.catalog import Provenance
 from tests.acceptance.conftest import ROOT, gyre
 from tests.acceptance.processes import engine_and_proxy, settled_records, tree
@@ -96,6 +97,9 @@ def test_codex_runs_through_the_proxy_and_its_tree_is_stored(tmp_path: Path, fre
 
     view = tree(fresh_database_url, "cx-1")
     ordered = sorted(view.records.values(), key=lambda r: r.seq)
+    # The size the run config's check assumes for Codex's first request (within 20%).
+    first = len(view.input_of(ordered[0].request_id)[0])
+    assert 0.8 * CodexHarness.first_request_tokens <= first <= CodexHarness.first_request_tokens, first
     assert len(ordered) == len(records) >= 8
     mains = [r for r in ordered if r.agent_kind == "main"]
     subs = [r for r in ordered if r.agent_kind == "sub_agent"]

@@ -1,4 +1,5 @@
-"""The run configuration refuses a micro-step budget that a whole context would not fit."""
+"""The run configuration refuses a micro-step budget that a whole context would not fit, an
+unknown harness, and a context too small for the harness's first request."""
 
 from __future__ import annotations
 
@@ -50,3 +51,25 @@ def test_the_policy_flag_is_checked_as_the_run_will_have_it() -> None:
     with pytest.raises(CapacityBelowBatchError, match="below one batch"):
         parse_config(text)
     assert parse_config(text, policy="elastic").policy == "elastic"
+
+
+@pytest.mark.parametrize(("harness", "first"), [("claude-code", 12_000), ("codex", 9_000)])
+def test_a_context_too_small_for_the_harnesss_first_request_is_refused(harness: str, first: int) -> None:
+    with pytest.raises(
+        ConfigFileError,
+        match=rf"model.max_context \(4096\) is too small for harness '{harness}': its first request takes about "
+        rf"{first} tokens, so it needs at least {first + 160} \(that plus model.max_tokens = 160\)",
+    ):
+        parse_config(f'harness = "{harness}"\n', where="run.toml")
+    text = (
+        f'harness = "{harness}"\n[model]\nmax_context = {first + 160}\n[train]\nmicro_step_tokens = 32768\n'
+    )
+    assert parse_config(text).model.max_context == first + 160
+    assert parse_config('harness = "builtin"\n').model.max_context == 4096  # the demo's context holds it
+
+
+def test_an_unknown_harness_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(
+        ConfigFileError, match=r"run.toml: harness: unknown harness 'vim'; known: builtin, claude-code"
+    ):
+        parse_config('harness = "vim"\n', where="run.toml")

@@ -110,3 +110,37 @@ def test_a_stop_sequence_spanning_deltas_never_reaches_the_harness(tmp_path: Pat
         assert final.stop_reason == "stop_sequence" and final.stop_sequence == "continue the"
         plain = client.messages.create(model="m", max_tokens=50, messages=[request])
         assert plain.content[0].text == "I will continue the work now."  # type: ignore[union-attr]
+
+
+def test_the_proxys_max_tokens_caps_what_a_harness_asks_for(tmp_path: Path) -> None:
+    from gyre_store import InMemoryEventLog
+
+    (tmp_path / "long.json").write_text(
+        json.dumps(
+            {"outputs": ["one two three four five six seven eight nine ten eleven twelve"], "rule": "cycle"}
+        )
+    )
+    cfg = ReferenceEngineConfig(
+        source=ModelSource(tokenizer="qwen"), max_context=4096, script=tmp_path / "long.json"
+    )
+    log = InMemoryEventLog()
+    with (
+        ReferenceEngineServer(cfg) as engine,
+        ProxyService(log, ProxyConfig(engines=[("e", engine.base_url)], max_tokens=4)) as proxy,
+    ):
+        key = issue_key(log, execution_id="ex", run_id="r", harness="claude-code")
+        client = anthropic.Anthropic(base_url=proxy.base_url, api_key=key, max_retries=0)
+        # As Claude Code does: a streamed call asking for 32,000 tokens.
+        with client.messages.stream(
+            model="m", max_tokens=32_000, messages=[{"role": "user", "content": "go"}]
+        ) as stream:
+            capped = stream.get_final_message()
+        assert capped.stop_reason == "max_tokens" and capped.usage.output_tokens == 4
+        # Asking for less than the cap gets what was asked.
+        fewer = client.messages.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "again"}]
+        )
+        assert fewer.stop_reason == "max_tokens" and fewer.usage.output_tokens == 2
+        assert proxy.spool.flush(10)
+        records = log.read_stream(StreamId("calls", "ex"))
+        assert [len(r.payload["output_ids"]) for r in records if r.payload is not None] == [4, 2]  # type: ignore[index]
