@@ -183,6 +183,11 @@ class LivePublisher:
     Every engine whose sink can pause (``PausesGeneration``) is paused before the weights are
     sent and continued after, whatever the send did: its requests in flight stop between two
     steps and go on under the new weights, instead of the update waiting for them to finish.
+
+    An engine that cannot be reached (``EngineUnavailable``: refused, or slow to accept while
+    it is busy) is tried ``unreachable_tries`` times in all, ``retry_pause_s`` apart, then
+    skipped and named in the publication's ``skipped``: a dead engine loads the newest policy
+    when it starts again, and a live one gets the next publication.
     """
 
     def __init__(
@@ -195,7 +200,13 @@ class LivePublisher:
         method: str = PublicationMethod.DISK,
         sink_for: Callable[[str], WeightSink] | None = None,
         pause: bool = True,
+        unreachable_tries: int = 3,
+        retry_pause_s: float = 1.0,
     ) -> None:
+        if unreachable_tries < 1:
+            raise InvalidConfigError(f"unreachable_tries must be at least 1, got {unreachable_tries}")
+        self.unreachable_tries = unreachable_tries
+        self.retry_pause_s = retry_pause_s
         self.log = log
         self.run_id = run_id
         self.publish_dir = publish_dir
@@ -336,7 +347,14 @@ class LivePublisher:
 
         async def one(name: str, url: str) -> None:
             began = time.perf_counter()
-            await send(self._sink_for(url))
+            for attempt in range(1, self.unreachable_tries + 1):
+                try:
+                    await send(self._sink_for(url))
+                    break
+                except EngineUnavailable:
+                    if attempt == self.unreachable_tries:
+                        raise
+                    await asyncio.sleep(self.retry_pause_s * attempt)
             seconds[name] = time.perf_counter() - began
 
         async def each() -> list[BaseException | None]:

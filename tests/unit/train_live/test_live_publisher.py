@@ -120,6 +120,40 @@ def test_an_unreachable_engine_is_skipped_and_a_refusing_one_fails_after_all_ans
     assert [v for v, _ in good.served] == [1, 2]  # the other engine was not left half-way
 
 
+@dataclass
+class BusySink(InMemoryWeightSink):
+    """An engine that cannot be reached for its first `busy` calls (slow to accept), then answers."""
+
+    busy: int = 1
+    tries: list[int] = field(default_factory=lambda: [0])
+
+    async def load_from_disk(self, path: Path, policy_version: int) -> None:
+        self.tries[0] += 1
+        if self.tries[0] <= self.busy:
+            raise EngineUnavailable("connect timed out")
+        await super().load_from_disk(path, policy_version)
+
+
+def test_an_engine_unreachable_for_a_moment_is_tried_again_before_it_is_skipped(tmp_path: Path) -> None:
+    busy, gone = BusySink("busy", busy=2), BusySink("gone", busy=10)
+    sinks = {"busy": busy, "gone": gone}
+    publisher = LivePublisher(
+        _log("busy", "gone"),
+        "run",
+        tmp_path,
+        sink_for=sinks.__getitem__,
+        unreachable_tries=3,
+        retry_pause_s=0.01,
+    )
+    publisher.publish(Weights(1), 1)
+    assert [v for v, _ in busy.served] == [1] and busy.tries == [3]  # two refusals, then served
+    assert gone.tries == [3] and gone.served == []  # three tries in all, then skipped and named
+    assert publisher.publications[-1].skipped == ["run:pool-1"]
+    assert sorted(publisher.publications[-1].engines) == ["run:pool-0"]
+    with pytest.raises(InvalidConfigError, match="unreachable_tries must be at least 1"):
+        LivePublisher(_log("busy"), "run", tmp_path, unreachable_tries=0)
+
+
 def test_distributed_broadcasts_to_every_engine_and_keeps_the_group_while_they_stay(tmp_path: Path) -> None:
     sinks = {url: InMemoryWeightSink(url) for url in ("a", "b")}
     publisher = LivePublisher(
