@@ -3,10 +3,10 @@
 The command gets its own mount, pid, user, IPC, UTS and network namespaces (the network holds
 only a loopback of its own: nothing of the host is reachable), no capabilities, the host's
 ``/usr`` and a few files of ``/etc`` read-only, fresh ``/proc``, ``/dev`` and ``/tmp``, and the
-caller's binds, nothing else. Its environment is built from nothing. Limits are rlimits set by
-``prlimit`` inside. Started by root, bwrap runs as an unprivileged user (``uid``, nobody by
-default), since the kernel applies no process limit to root: writable binds are handed to that
-user, and every bind must be readable by it.
+caller's binds, nothing else; the rest of its root is read-only. Its environment is built from
+nothing. Limits are rlimits set by ``prlimit`` inside. Started by root, bwrap runs as an
+unprivileged user (``uid``, nobody by default), since the kernel applies no process limit to
+root: writable binds are handed to that user, and every bind must be readable by it.
 """
 
 from __future__ import annotations
@@ -78,7 +78,16 @@ class BwrapSandbox(Sandbox):
                 if bind.writable:
                     _hand_over(bind.source, self._uid)
                 _check_reachable(bind.source, self._uid)
-        argv = [*self._prefix(), *self._namespaces(), *self._binds(binds), "--chdir", workdir]
+        # the root is bwrap's own tmpfs: once every mount point is made, nothing else may write it
+        argv = [
+            *self._prefix(),
+            *self._namespaces(),
+            *self._binds(binds),
+            "--remount-ro",
+            "/",
+            "--chdir",
+            workdir,
+        ]
         for key, value in minimal_env(workdir, env).items():
             argv += ["--setenv", key, value]
         argv += ["--", *limits.prlimit(), *command]

@@ -33,7 +33,7 @@ NOT_WORKSPACE = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.
 DEFAULT_TIMEOUT_S = 600.0
 TEST_COMMAND = ("{tests}/test.sh",)
 SOLVE_COMMAND = ("bash", "{solution}/solve.sh")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B|I)?\s*$", re.IGNORECASE)
 
 
 def is_task_dir(path: Path) -> bool:
