@@ -9,7 +9,8 @@
 # A real server, harness or package that cannot be set up makes its tests fail with the reason.
 # To skip them instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1,
 # GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1, GYRE_TEST_SKIP_CODEX=1),
-# GYRE_TEST_SKIP_MEGATRON=1, GYRE_TEST_SKIP_POSTGRES_BINARIES=1 (the private clusters that the
+# GYRE_TEST_SKIP_MEGATRON=1, GYRE_TEST_SKIP_BWRAP=1 (bubblewrap, for the sandbox tests),
+# GYRE_TEST_SKIP_POSTGRES_BINARIES=1 (the private clusters that the
 # database-outage tests stop and start need initdb and pg_ctl). A server of your
 # own is used as it is when GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR are set.
 set -euo pipefail
@@ -106,6 +107,29 @@ elif ! "$py" -c 'import mooncake.engine' 2>/dev/null; then
     fi
 fi
 took mooncake
+
+# bubblewrap, the `bwrap` sandbox of the task tests (Debian's bubblewrap).
+phase bubblewrap
+if [ "${GYRE_TEST_SKIP_BWRAP:-}" = 1 ]; then
+    echo "!! BWRAP TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_BWRAP=1)" >&2
+elif ! command -v bwrap >/dev/null; then
+    tried="not root with apt-get here: install Debian's bubblewrap"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing bubblewrap (the bwrap sandbox's tests need it)"
+        export DEBIAN_FRONTEND=noninteractive
+        if apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; then
+            tried="bubblewrap is installed"
+        else
+            tried="apt-get install bubblewrap failed"
+        fi
+    fi
+    if ! command -v bwrap >/dev/null; then
+        export GYRE_TEST_BWRAP_ERROR="bwrap is not on PATH; $tried"
+        echo "!! $GYRE_TEST_BWRAP_ERROR: its tests will fail (GYRE_TEST_SKIP_BWRAP=1 skips them)" >&2
+    fi
+fi
+took bubblewrap
 
 # The harnesses of the end-to-end tests, pinned. One that cannot be installed makes its test
 # fail with the reason, unless GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1,

@@ -313,7 +313,7 @@ skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows wh
 publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)
 
 [tasks]
-family = "{k.family}"  # the built-in task family (see `gyre tasks list`)
+family = "{k.family}"  # the built-in task family (see `gyre tasks list builtin:copy-line`)
 train = {k.train}               # training instances
 heldout = {k.heldout}           # held-out instances, never trained on
 budget_s = {k.budget_s}         # wall-clock budget of one execution
