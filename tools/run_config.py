@@ -19,8 +19,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from gyre_proxy.exceptions import HarnessError
-from gyre_proxy.harness import plugin_for
+from gyre_proxy.harness import HarnessError, plugin_for
 from gyre_sched import PolicyKind, SchedConfig
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]

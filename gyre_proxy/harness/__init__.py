@@ -8,6 +8,7 @@ only reads its requests and starts its process.
 from __future__ import annotations
 
 from gyre_proxy import exceptions
+from gyre_proxy.exceptions import HarnessError
 from gyre_proxy.harness.agent import COMPACT_REQUEST, RESUME, SYSTEM_MAIN, SYSTEM_SUB, TOOL_SPECS
 from gyre_proxy.harness.builtin import BuiltinHarness
 from gyre_proxy.harness.claude_code import AGENT_TOOLS, COMPACTION, ClaudeCodeHarness
@@ -50,6 +51,7 @@ __all__ = [
     "ClaudeCodeHarness",
     "CodexHarness",
     "GenericHarness",
+    "HarnessError",
     "HarnessPlugin",
     "Launch",
     "LaunchSpec",
