@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from gyre_proxy.engines import EngineError, EngineUnavailable
-from gyre_proxy.engines.weights import EngineWeightSink
+from gyre_proxy.engines.weights import EngineWeightSink, TensorSet
 from gyre_store import (
     BatchClosed,
     BatchStarted,
@@ -260,7 +260,7 @@ class LivePublisher:
                     seconds.clear()
                     self._to_all(engines, lambda sink: sink.load_from_disk(path, policy_version), seconds)
             elif self.method is PublicationMethod.TENSOR:
-                tensors = model.named_tensors()
+                tensors = TensorSet(model.named_tensors())  # one payload, shared by every engine
                 self._to_all(engines, lambda sink: sink.load_tensors(tensors, policy_version), seconds)
             else:
                 self._to_all(engines, lambda sink: sink.load_from_disk(path, policy_version), seconds)

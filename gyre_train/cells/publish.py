@@ -26,6 +26,7 @@ from gyre_proxy.engines import EngineError, free_port
 from gyre_proxy.engines.weights import (
     BroadcastGroup,
     EngineWeightSink,
+    TensorSet,
     WeightUpdateGroup,
     open_weight_update_group,
 )
@@ -160,7 +161,7 @@ class EnginePublisher:
             path = model.save(self._config.workdir / f"policy-v{policy_version}")
             asyncio.run(self._each_engine(lambda _, sink: sink.load_from_disk(path, policy_version)))
         elif self._method is PublicationMethod.TENSOR:
-            tensors = model.named_tensors()
+            tensors = TensorSet(model.named_tensors())  # one payload, shared by every engine
             asyncio.run(self._each_engine(lambda _, sink: sink.load_tensors(tensors, policy_version)))
         else:
             self._broadcast(model.named_tensors(), policy_version)

@@ -41,6 +41,38 @@ def serialize_safetensors(tensors: Mapping[str, torch.Tensor]) -> str:
     return base64.b64encode(save(plain)).decode("ascii")
 
 
+class TensorSet(Mapping[str, torch.Tensor]):
+    """Named tensors published to several engines at once: the ``gyre_safetensors`` payload is
+    serialized on first use and shared by every engine it goes to, not made once per engine
+    (it is about twice the state dict: the bytes, then their base64 text)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._tensors = dict(tensors)
+        self._safetensors: str | None = None
+        self.serialized = 0  # payloads made (1 after any number of engines)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def safetensors_payload(self) -> str:
+        """``serialize_safetensors`` of these tensors, made once."""
+        if self._safetensors is None:
+            self._safetensors = serialize_safetensors(self._tensors)
+            self.serialized += 1
+        return self._safetensors
+
+
+def safetensors_payload(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The ``gyre_safetensors`` payload of ``tensors``: a ``TensorSet``'s shared one, else made now."""
+    return tensors.safetensors_payload() if isinstance(tensors, TensorSet) else serialize_safetensors(tensors)
+
+
 def deserialize_safetensors(payload: str) -> dict[str, torch.Tensor]:
     """Inverse of ``serialize_safetensors``; raises ``ValueError`` on a bad payload."""
     from safetensors import SafetensorError

@@ -24,7 +24,7 @@ from gyre_proxy.engines.client import EngineClient, EngineClientConfig
 from gyre_proxy.engines.weights.payloads import (
     GYRE_SAFETENSORS_FORMAT,
     distributed_request,
-    serialize_safetensors,
+    safetensors_payload,
     sglang_tensor_payload,
 )
 from gyre_proxy.exceptions import EngineBadRequest, EngineProtocolError, WeightUpdateFailed
@@ -112,7 +112,7 @@ class EngineWeightSink:
                     await client.update_weights_from_tensor([payload], weight_version=version)
             else:
                 await client.update_weights_from_tensor(
-                    [serialize_safetensors(tensors)], weight_version=version, load_format=self._load_format
+                    [safetensors_payload(tensors)], weight_version=version, load_format=self._load_format
                 )
 
     async def join_group(self, group: BroadcastGroup, rank_offset: int) -> None:

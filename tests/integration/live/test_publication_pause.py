@@ -9,6 +9,7 @@ import asyncio
 import copy
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from gyre_proxy.engines import (
 )
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, load_model, save_model_dir
 from gyre_proxy.engines.refengine.runner import ReferenceEngineServer
+from gyre_proxy.engines.weights import payloads
 from gyre_store import EngineRegistered, InMemoryEventLog, NewEvent
 from gyre_tools.run_config import sglang_missing, sglang_serve_command
 from gyre_train.cells import LivePublisher
@@ -123,6 +125,38 @@ def test_a_request_in_flight_is_paused_for_the_update_and_finishes_under_the_new
         assert (event.method, event.note) == (method, "")  # a broadcast, not the folder fallback
         for server in (first, second):
             assert server.engine.weight_version == "1" and not server.engine.paused
+
+
+def test_a_tensor_publication_makes_one_payload_for_every_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[int] = []
+    real = payloads.serialize_safetensors
+
+    def counted(tensors: Mapping[str, torch.Tensor]) -> str:
+        made.append(len(tensors))
+        return real(tensors)
+
+    monkeypatch.setattr(payloads, "serialize_safetensors", counted)
+    config = ReferenceEngineConfig(max_context=4096, weight_version="0")
+    with (
+        ReferenceEngineServer(config) as a,
+        ReferenceEngineServer(config) as b,
+        ReferenceEngineServer(config) as c,
+    ):
+        log = InMemoryEventLog()
+        _engines(log, [a, b, c])
+        weights = Weights(a.engine.loaded.model)
+        publisher = LivePublisher(log, "run", tmp_path, method="tensor", timeout_s=120)
+        publisher.publish(weights, 1)
+        assert len(made) == 1  # serialized once, sent to three engines
+        event = publisher.publication_event(1, step=0)
+        assert sorted(event.engines) == ["run:pool-0", "run:pool-1", "run:pool-2"] and event.skipped == ()
+        expected = weights.named_tensors()
+        for server in (a, b, c):
+            assert server.engine.weight_version == "1"
+            served = server.engine.loaded.model.state_dict()
+            assert all(torch.equal(served[name], tensor) for name, tensor in expected.items())
 
 
 def test_without_pausing_the_update_waits_for_the_request(tmp_path: Path) -> None:
