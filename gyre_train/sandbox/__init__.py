@@ -5,7 +5,7 @@ event log or training; containers (podman, docker) are not built yet.
 
 from __future__ import annotations
 
-from gyre_train.sandbox.base import Bind, Limits, RunResult, Sandbox
+from gyre_train.sandbox.base import Bind, Limits, Prepared, ProxyRoute, RunResult, Sandbox
 from gyre_train.sandbox.bwrap import BwrapSandbox, bwrap_missing
 from gyre_train.sandbox.local import LocalSandbox
 from gyre_train.sandbox.providers import KINDS, sandbox_for
@@ -16,6 +16,8 @@ __all__ = [
     "BwrapSandbox",
     "Limits",
     "LocalSandbox",
+    "Prepared",
+    "ProxyRoute",
     "RunResult",
     "Sandbox",
     "bwrap_missing",

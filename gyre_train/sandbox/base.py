@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +75,31 @@ class RunResult:
     timed_out: bool
 
 
+@dataclass(frozen=True, slots=True)
+class ProxyRoute:
+    """The one address a sandboxed process may reach: ``127.0.0.1:port`` inside the sandbox is
+    forwarded, through the unix socket ``socket`` on the host, to the proxy (the caller serves
+    ``socket``; ``gyre_train.sandbox.relay``)."""
+
+    socket: Path
+    port: int
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A long-running sandboxed process, ready to start: the caller runs ``argv`` with exactly
+    ``env`` in a process group of its own, and calls ``cleanup`` once it has ended or was killed
+    (a container is removed there, say)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cleanup: Callable[[], None] = _nothing
+
+
 class Sandbox(ABC):
     """One kind of sandbox. ``remaps``: whether a bind may show a folder at another path (a
     kind that cannot runs everything at its host path). ``python``: the interpreter to name."""
@@ -95,6 +120,22 @@ class Sandbox(ABC):
         limits: Limits = NO_LIMITS,
     ) -> RunResult:
         """Run ``command`` in ``workdir``; raises SandboxError if the sandbox cannot start."""
+
+    def prepare(
+        self,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        name: str,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] | None = None,
+        limits: Limits = NO_LIMITS,
+        route: ProxyRoute | None = None,
+    ) -> Prepared:
+        """The command line that starts ``command`` in this sandbox and lets it run (a harness,
+        say), reaching only ``route`` (when given) over the network. ``name`` is unique per
+        process (an execution id made safe). Raises SandboxError if this kind cannot."""
+        raise SandboxError(f"the {self.kind} sandbox cannot start long-running processes")
 
 
 def minimal_env(home: str, declared: Mapping[str, str] | None) -> dict[str, str]:
