@@ -64,7 +64,8 @@ from gyre_tools.run_config import (
 )
 from gyre_tools.run_outputs import cell_time_summary, publications_from_log, write_outputs
 from gyre_tools.warmstart import ensure_policy
-from gyre_train.tasks import task_suite
+from gyre_train import GyreTrainError
+from gyre_train.tasks import defined_tasks
 
 
 def register(subparsers: Any) -> None:
@@ -202,14 +203,19 @@ class LiveRun:
                 metadata=meta,
             )
         ]
-        for task in task_suite(
-            resolved.tasks.family,
-            self.run_id,
-            train=resolved.tasks.train,
-            heldout=resolved.tasks.heldout,
-            seed=resolved.seed,
-            budget_s=resolved.tasks.budget_s,
-        ):
+        try:
+            tasks = defined_tasks(
+                resolved.tasks.spec,
+                self.run_id,
+                train=resolved.tasks.train,
+                heldout=resolved.tasks.heldout,
+                seed=resolved.seed,
+                budget_s=resolved.tasks.budget_s,
+                heldout_ids=resolved.tasks.heldout_ids,
+            )
+        except GyreTrainError as exc:
+            raise SystemExit(f"tasks.source: {exc}") from None
+        for task in tasks:
             events.append(NewEvent(task, f"task:{self.run_id}/{task.task_id}", metadata=meta))
         self.log.append(events)
         console.print(f"run [bold]{self.run_id}[/bold]: {len(events) - 1} tasks, folder {run_dir}")

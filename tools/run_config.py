@@ -21,6 +21,9 @@ import msgspec
 
 from gyre_proxy.harness import HarnessError, plugin_for
 from gyre_sched import PolicyKind, SchedConfig
+from gyre_train import GyreTrainError
+from gyre_train.sandbox import KINDS as SANDBOX_KINDS
+from gyre_train.tasks import open_source
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
@@ -44,10 +47,21 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 class TaskConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    source: str = ""  # "": builtin:<family>; else a folder of Harbor tasks or a .jsonl file
     family: str = "copy-line"
     train: Pos = 64
     heldout: Pos = 32
     budget_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    heldout_ids: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def spec(self) -> str:
+        """The task source: ``source``, or the built-in ``family``."""
+        return self.source or f"builtin:{self.family}"
+
+
+class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: str = "local"
 
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -76,6 +90,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     tasks: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
     @property
@@ -186,6 +201,7 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
             f"model.max_context ({config.model.max_context}): a trajectory row is never split across micro-steps"
         )
     _check_harness(config, where)
+    _check_tasks(config, where)
     config.sched()  # the policy and the scheduler's shape are valid
     return config
 
@@ -202,6 +218,28 @@ def _check_harness(config: RunConfig, where: str) -> None:
             f"{where}: model.max_context ({config.model.max_context}) is too small for harness "
             f"{plugin.name!r}: its first request takes about {plugin.first_request_tokens} tokens, so it needs "
             f"at least {needed} (that plus model.max_tokens = {config.model.max_tokens})"
+        )
+
+
+def _check_tasks(config: RunConfig, where: str) -> None:
+    """A known sandbox kind, and a task source it can run (read here: bad input is one line)."""
+    kind = config.sandbox.kind
+    if kind not in SANDBOX_KINDS:
+        raise ConfigFileError(f"{where}: sandbox.kind must be one of {list(SANDBOX_KINDS)}, got {kind!r}")
+    spec = config.tasks.spec
+    if spec.startswith("builtin:"):
+        if config.tasks.heldout_ids:
+            raise ConfigFileError(f"{where}: tasks.heldout_ids applies to a folder or .jsonl source only")
+        return
+    try:
+        source = open_source(spec)
+    except GyreTrainError as exc:
+        raise ConfigFileError(f"{where}: tasks.source: {exc}") from None
+    if kind == "local" and any(t.fixed_paths for t in source.tasks):
+        raise ConfigFileError(
+            f"{where}: tasks.source {spec} holds Harbor tasks, whose tests use absolute paths (/tests, "
+            f"/logs/verifier, the workspace's WORKDIR) that the local sandbox cannot provide: set "
+            f'[sandbox] kind = "bwrap" (or "podman", "docker")'
         )
 
 
@@ -312,10 +350,15 @@ skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows wh
 publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)
 
 [tasks]
-family = "{k.family}"  # the built-in task family (see `gyre tasks list builtin:copy-line`)
-train = {k.train}               # training instances
-heldout = {k.heldout}           # held-out instances, never trained on
-budget_s = {k.budget_s}         # wall-clock budget of one execution
+source = "{k.source}"    # empty: the built-in family below; or a folder of Harbor task directories, or a .jsonl file (`gyre tasks list SOURCE`)
+family = "{k.family}"  # the built-in task family (and the warm start's demonstrations)
+train = {k.train}               # training instances of a built-in family
+heldout = {k.heldout}           # held-out instances of a built-in family, never trained on
+budget_s = {k.budget_s}         # wall-clock budget of one execution of a built-in family (a sourced task: its own agent timeout)
+heldout_ids = {json.dumps(k.heldout_ids)}        # a sourced task set: these task ids are held out (besides the source's own split)
+
+[sandbox]
+kind = "{config.sandbox.kind}"   # where harnesses and tests run: local (the host: isolates nothing), bwrap, podman or docker (docs/sandboxes.md)
 
 [eval]
 heldout = {str(e.heldout).lower()}   # evaluate the held-out instances before the first and after the last step

@@ -35,6 +35,7 @@ from gyre_store import (
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
+from gyre_tools.placement import SandboxPlacement
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
 from gyre_tools.run_config import RunConfig, parse_config
 from gyre_train import (
@@ -45,6 +46,8 @@ from gyre_train import (
     PackingConfig,
     WorkerConfig,
 )
+from gyre_train.sandbox import sandbox_for
+from gyre_train.tasks import SandboxTestEvaluator, TaskFiles
 
 if TYPE_CHECKING:
     from gyre_train.cells import NodeAgent, NodePlan
@@ -150,6 +153,9 @@ def run_launcher(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False) as opened:
         config = recorded_config(opened.log, args.run)
         root = Path(config.run_dir) / "workspaces"
+        placement = SandboxPlacement(
+            config.sandbox.kind, proxy_url=args.proxy_url, relay_dir=Path(config.run_dir) / "relay"
+        )
         launcher = Launcher(
             opened.log,
             LauncherConfig(
@@ -160,18 +166,29 @@ def run_launcher(args: argparse.Namespace) -> int:
                 max_running=config.rollout_engines * config.engine_capacity,
             ),
             plugin=harness_plugin(config.harness, max_tokens=config.model.max_tokens),
+            placement=placement,
         )
-        console.print(f"launcher of run {args.run}: workspaces in {root}")
-        launcher.run(_until_signal())
+        console.print(f"launcher of run {args.run}: workspaces in {root}, sandbox {config.sandbox.kind}")
+        try:
+            launcher.run(_until_signal())
+        finally:
+            placement.close()
     return 0
 
 
 def run_evaluator(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False) as opened:
-        recorded_config(opened.log, args.run)
+        config = recorded_config(opened.log, args.run)
         store = PostgresProjectionStore(opened.log.pool, evaluation_projections().tables())
-        worker = EvaluatorWorker(opened.log, store, WorkerConfig(run_id=args.run, threads=args.threads))
-        console.print(f"evaluator of run {args.run}")
+        tests = sandbox_for(config.sandbox.kind)
+        files = TaskFiles()
+        worker = EvaluatorWorker(
+            opened.log,
+            store,
+            WorkerConfig(run_id=args.run, threads=args.threads),
+            evaluator_for=lambda task: SandboxTestEvaluator(files.task(task), tests),
+        )
+        console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}")
         worker.run(_until_signal())
     return 0
 

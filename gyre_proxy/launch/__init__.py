@@ -6,14 +6,19 @@ It carries out start requests; it does not decide them, nor score what the harne
 
 from __future__ import annotations
 
+from gyre_proxy.exceptions import LaunchError
 from gyre_proxy.launch.launcher import FOLLOWED, Launcher, LauncherConfig, Running, default_root
+from gyre_proxy.launch.placement import Placed, Placement
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 
 __all__ = [
     "FOLLOWED",
     "ExecutionDirs",
+    "LaunchError",
     "Launcher",
     "LauncherConfig",
+    "Placed",
+    "Placement",
     "Running",
     "artifact_version",
     "default_root",

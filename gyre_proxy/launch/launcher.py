@@ -30,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre_proxy.exceptions import HarnessError
-from gyre_proxy.harness import HarnessPlugin, Launch, plugin_for
+from gyre_proxy.exceptions import HarnessError, LaunchError
+from gyre_proxy.harness import HarnessPlugin, Launch, LaunchSpec, plugin_for
 from gyre_proxy.launch.evaluate_command import install as install_evaluate_command
+from gyre_proxy.launch.placement import Placement
 from gyre_proxy.launch.processes import HarnessProcess, Starter
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 from gyre_proxy.service import issue_key, revoke_key
@@ -65,6 +66,10 @@ class LauncherConfig:
     fork_entries: bool = True  # start a Python harness forked ready-imported (processes.py)
 
 
+def _nothing() -> None:
+    return None
+
+
 @dataclass
 class Running:
     request: ExecutionStartRequested
@@ -72,6 +77,7 @@ class Running:
     process: HarnessProcess
     api_key: str
     deadline: float
+    cleanup: Callable[[], None] = _nothing
 
 
 class Launcher:
@@ -84,8 +90,10 @@ class Launcher:
         *,
         plugin: HarnessPlugin | None = None,
         clock: Callable[[], float] = time.monotonic,
+        placement: Placement | None = None,
     ) -> None:
         self.log = log
+        self.placement = placement
         self.config = config
         self.plugin = plugin or plugin_for(config.harness)
         self._clock = clock
@@ -188,7 +196,19 @@ class Launcher:
                 f"no task {request.task_id!r} is defined in run {request.run_id!r}",
             )
             return
-        dirs = prepare(self.config.root, request.execution_id, task)
+        placement = self.placement
+        try:
+            dirs = prepare(
+                self.config.root,
+                request.execution_id,
+                task,
+                write=placement.write_workspace if placement is not None else None,
+            )
+        except LaunchError as exc:  # no workspace: nothing evaluable, a zero-reward placeholder
+            self._finish(
+                request.execution_id, request.run_id, ExecutionDirs(root), FinishReason.FAILED, str(exc)
+            )
+            return
         api_key = issue_key(
             self.log, execution_id=request.execution_id, run_id=request.run_id, harness=self.plugin.name
         )
@@ -200,30 +220,43 @@ class Launcher:
         if result.duplicate:
             revoke_key(self.log, api_key, "another launcher started this execution")
             return
-        launch = Launch(
-            dirs.workspace, dirs.home, task.prompt, self.config.proxy_url, api_key, self.config.model
+        sandboxed = placement is not None and placement.sandboxed
+        workspace, home = (
+            placement.inside(task, dirs) if placement is not None else (dirs.workspace, dirs.home)
         )
+        launch = Launch(workspace, home, task.prompt, self.config.proxy_url, api_key, self.config.model)
+        cleanup = _nothing
         try:
             spec = self.plugin.launch_spec(launch)
-            install_evaluate_command(dirs.workspace)
-            env = (
-                {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-                | {
-                    "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
-                    "GYRE_EXECUTION_KEY": api_key,
-                    "GYRE_SNAPSHOTS": str(dirs.root / "snapshots"),
-                }
-                | dict(spec.env)
-            )
+            if sandboxed:
+                # In a sandbox the harness gets its own environment only; intermediate
+                # evaluations (.gyre/evaluate) need the launcher's folders and are not offered.
+                assert placement is not None
+                placed = placement.place(spec, task, dirs, safe_name(request.execution_id))
+                cleanup = placed.cleanup
+                spec = LaunchSpec(placed.argv, stdin=spec.stdin)
+                env = dict(placed.env)
+            else:
+                install_evaluate_command(dirs.workspace)
+                env = (
+                    {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+                    | {
+                        "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
+                        "GYRE_EXECUTION_KEY": api_key,
+                        "GYRE_SNAPSHOTS": str(dirs.root / "snapshots"),
+                    }
+                    | dict(spec.env)
+                )
             process = self._starter.start(spec, cwd=dirs.workspace, env=env, log=dirs.harness_log)
-        except (HarnessError, OSError) as exc:
+        except (HarnessError, LaunchError, OSError) as exc:
+            cleanup()
             self._finish(
                 request.execution_id, request.run_id, dirs, FinishReason.FAILED, f"not started: {exc}"
             )
             revoke_key(self.log, api_key, "not started")
             return
         deadline = self._clock() + task.budget_s
-        self._running[request.execution_id] = Running(request, dirs, process, api_key, deadline)
+        self._running[request.execution_id] = Running(request, dirs, process, api_key, deadline, cleanup)
 
     def _kill(self, run: Running) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -237,6 +270,10 @@ class Launcher:
 
     def _reap(self, execution_id: str, reason: FinishReason, detail: str) -> None:
         run = self._running.pop(execution_id)
+        try:
+            run.cleanup()
+        except Exception as exc:  # a sandbox left behind is noted, and the execution still ends
+            detail = f"{detail} (sandbox cleanup failed: {exc})"
         tail = run.dirs.harness_log.read_bytes()[-300:].decode(errors="replace").strip()
         if reason is not FinishReason.COMPLETED and tail:
             detail = f"{detail}: {tail}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,16 +42,36 @@ def safe_name(execution_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in execution_id)
 
 
-def prepare(root: Path, execution_id: str, task: TaskDefined) -> ExecutionDirs:
+def prepare(
+    root: Path,
+    execution_id: str,
+    task: TaskDefined,
+    *,
+    write: Callable[[TaskDefined, Path], None] | None = None,
+) -> ExecutionDirs:
     """A fresh workspace for ``execution_id`` holding ``task``'s files (an old one is replaced).
 
-    Raises LaunchError when a task file would land outside the workspace.
+    A task recorded by reference to its source (``task.source``) is written by ``write``.
+    Raises LaunchError when a task file would land outside the workspace, or when the files
+    cannot be written; the half-written workspace is then removed (nothing evaluable).
     """
     dirs = ExecutionDirs(root / safe_name(execution_id))
     if dirs.root.exists():
         shutil.rmtree(dirs.root)
     dirs.workspace.mkdir(parents=True)
     dirs.home.mkdir()
+    if task.source:
+        if write is None:
+            shutil.rmtree(dirs.workspace)
+            raise LaunchError(
+                f"task {task.task_id} is read from {task.source}: this launcher cannot write it"
+            )
+        try:
+            write(task, dirs.workspace)
+        except LaunchError:
+            shutil.rmtree(dirs.workspace, ignore_errors=True)
+            raise
+        return dirs
     for name, text in task.files.items():
         target = (dirs.workspace / name).resolve()
         if dirs.workspace.resolve() not in target.parents:

@@ -32,9 +32,14 @@ class TaskSplit(enum.StrEnum):
 class TaskDefined(Event, frozen=True, kw_only=True):
     """One task instance of a run: the prompt, the starting workspace and the hidden tests.
 
-    ``files`` become the agent's workspace; ``tests`` are written beside it, never inside,
-    and ``test_command`` runs with the preserved workspace as its working directory
-    (``{tests}`` is the tests folder, ``{report}`` the JUnit XML report it must write).
+    A built-in family's task carries its files: ``files`` become the agent's workspace;
+    ``tests`` are written beside it, never inside, and ``test_command`` runs with the
+    preserved workspace as its working directory (``{tests}`` is the tests folder,
+    ``{report}`` the JUnit XML report it must write). A task read from a source (a Harbor
+    folder, a JSONL file) carries none: ``source`` says where its files are (binary files and
+    git repositories included), ``content_hash`` what its starting workspace holds (a workspace
+    written from files that no longer match is refused), and ``workdir`` where a sandbox shows
+    the workspace.
     """
 
     run_id: Ident
@@ -46,6 +51,9 @@ class TaskDefined(Event, frozen=True, kw_only=True):
     test_command: tuple[str, ...] = ()
     budget_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
     family: str = ""
+    source: str = ""  # the task source (a folder, a .jsonl file); empty: the files are above
+    content_hash: str = ""  # the starting workspace's hash (gyre_train.tasks.tree_hash)
+    workdir: str = ""  # the workspace's path inside a sandbox ("": the task's default)
 
 
 @REGISTRY.register("engine.registered", stream="engine", key="engine")

@@ -2,7 +2,8 @@
 
 It follows a run's log. When an execution finishes, it evaluates the execution's preserved
 workspace with its task's tests (``CommandEvaluator``, the task's ``test_command`` and hidden
-test files from ``task.defined``) through the ``EvaluationRunner``, which applies the rules for
+test files from ``task.defined``; a task read from a source, with the evaluator that
+``evaluator_for`` makes for it: its tests in the run's sandbox) through the ``EvaluationRunner``, which applies the rules for
 partial work, pending evaluations, retries, exclusion and placeholders. After each outcome it
 folds the groups projection and appends ``group.ready`` for every group that became ready:
 the group projection decides readiness, this worker is the component that writes the fact.
@@ -42,6 +43,7 @@ from gyre_train.rewards.evaluation import (
     EvaluationOutcome,
     EvaluationResult,
     EvaluationRunner,
+    Evaluator,
     PreservedState,
 )
 from gyre_train.rewards.evaluators import CommandEvaluator
@@ -81,8 +83,10 @@ class EvaluatorWorker:
         config: WorkerConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
+        evaluator_for: Callable[[TaskDefined], Evaluator] | None = None,
     ) -> None:
         self.log = log
+        self._evaluator_for = evaluator_for
         self.store = store
         self.config = config
         self._clock = clock
@@ -144,12 +148,18 @@ class EvaluatorWorker:
 
     # -- one execution -----------------------------------------------------------------------
 
-    def _evaluator(self, execution_id: str) -> CommandEvaluator:
+    def _evaluator(self, execution_id: str) -> Evaluator:
         key = self._task_of.get(execution_id)
         task = self._tasks.get(key) if key is not None else None
         if task is None or not task.test_command:
             # The runner records this as a failed evaluation; the execution is then excluded.
             raise InvalidConfigError(f"execution {execution_id} has no task with a test command")
+        if task.source:
+            if self._evaluator_for is None:
+                raise InvalidConfigError(
+                    f"task {task.task_id} is read from {task.source}: this worker has no evaluator for it"
+                )
+            return self._evaluator_for(task)
         command = [part.replace(PYTHON, sys.executable) for part in task.test_command]
         return CommandEvaluator(command, tests=task.tests, name=f"tests:{task.family or task.task_id}")
 

@@ -5,6 +5,7 @@ event log or training; containers (podman, docker) are not built yet.
 
 from __future__ import annotations
 
+from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox.base import Bind, Limits, Prepared, ProxyRoute, RunResult, Sandbox
 from gyre_train.sandbox.bwrap import BwrapSandbox, bwrap_missing
 from gyre_train.sandbox.local import LocalSandbox
@@ -20,6 +21,7 @@ __all__ = [
     "ProxyRoute",
     "RunResult",
     "Sandbox",
+    "SandboxError",
     "bwrap_missing",
     "sandbox_for",
 ]

@@ -7,8 +7,18 @@ in a sandbox. Knows nothing of harnesses or engines.
 
 from __future__ import annotations
 
-from gyre_train.tasks.check import CheckResult, Verdict, check_or_error, check_task, read_reward, refusal
+from gyre_train.exceptions import TaskSourceError
+from gyre_train.tasks.check import (
+    CheckResult,
+    Verdict,
+    check_or_error,
+    check_task,
+    limits_for,
+    read_reward,
+    refusal,
+)
 from gyre_train.tasks.families import DEMO_WEIGHTS, FAMILIES, family, task_suite
+from gyre_train.tasks.runtime import SandboxTestEvaluator, TaskFiles, TestRun, defined_tasks, run_tests
 from gyre_train.tasks.sources import TaskSource, open_source
 from gyre_train.tasks.suite import (
     CHECK_COMMAND,
@@ -20,10 +30,19 @@ from gyre_train.tasks.suite import (
     held_out,
     instances,
 )
-from gyre_train.tasks.task import CopiedTree, FileTree, GitCheckout, Resources, Task, tree_hash
+from gyre_train.tasks.task import (
+    DEFAULT_WORKDIR,
+    CopiedTree,
+    FileTree,
+    GitCheckout,
+    Resources,
+    Task,
+    tree_hash,
+)
 
 __all__ = [
     "CHECK_COMMAND",
+    "DEFAULT_WORKDIR",
     "DEMO_WEIGHTS",
     "FAMILIES",
     "CheckResult",
@@ -34,19 +53,26 @@ __all__ = [
     "Instance",
     "Maker",
     "Resources",
+    "SandboxTestEvaluator",
     "Task",
+    "TaskFiles",
     "TaskSource",
+    "TaskSourceError",
+    "TestRun",
     "ToolCall",
     "Verdict",
     "check_or_error",
     "check_task",
     "defined",
+    "defined_tasks",
     "family",
     "held_out",
     "instances",
+    "limits_for",
     "open_source",
     "read_reward",
     "refusal",
+    "run_tests",
     "task_suite",
     "tree_hash",
 ]
