@@ -62,6 +62,8 @@ class TaskConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: str = "local"
+    boot_concurrency: NonNeg = 16  # sandboxed executions started within 10 s of each other (0: no cap)
+    boot_retries: NonNeg = 2  # starts again of a harness that died while booting
 
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -359,6 +361,8 @@ heldout_ids = {json.dumps(k.heldout_ids)}        # a sourced task set: these tas
 
 [sandbox]
 kind = "{config.sandbox.kind}"   # where harnesses and tests run: local (the host: isolates nothing), bwrap, podman or docker (docs/sandboxes.md)
+boot_concurrency = {config.sandbox.boot_concurrency}  # sandboxed executions booting at once (started less than 10 s ago); 0: no cap; local: never capped
+boot_retries = {config.sandbox.boot_retries}       # a harness that exits non-zero within 10 s of its start is started again, this many times, within its budget
 
 [eval]
 heldout = {str(e.heldout).lower()}   # evaluate the held-out instances before the first and after the last step

@@ -164,6 +164,8 @@ def run_launcher(args: argparse.Namespace) -> int:
                 root=root,
                 harness=config.harness,
                 max_running=config.rollout_engines * config.engine_capacity,
+                max_booting=config.sandbox.boot_concurrency if config.sandbox.kind != "local" else 0,
+                boot_retries=config.sandbox.boot_retries,
             ),
             plugin=harness_plugin(config.harness, max_tokens=config.model.max_tokens),
             placement=placement,

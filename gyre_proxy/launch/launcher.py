@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -64,6 +65,9 @@ class LauncherConfig:
     kill_grace_s: float = 2.0
     max_running: int = 0  # harness processes at once (0: no limit); requests beyond it wait
     fork_entries: bool = True  # start a Python harness forked ready-imported (processes.py)
+    boot_retries: int = 2  # starts again of a harness that died while booting
+    boot_window_s: float = 10.0  # a non-zero exit this soon after the start is a death while booting
+    max_booting: int = 0  # harnesses started within boot_window_s at once (0: no cap)
 
 
 def _nothing() -> None:
@@ -78,6 +82,8 @@ class Running:
     api_key: str
     deadline: float
     cleanup: Callable[[], None] = _nothing
+    started_at: float = 0.0
+    boots: int = 1  # harness starts (a harness that died while booting is started again)
 
 
 class Launcher:
@@ -150,17 +156,27 @@ class Launcher:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def booting(self) -> int:
+        """Harnesses started less than ``boot_window_s`` ago (their sandboxes still booting)."""
+        now = self._clock()
+        return sum(1 for r in self._running.values() if now - r.started_at < self.config.boot_window_s)
+
     def step(self) -> None:
         """Read new requests, start what is pending, and reap or kill what ended."""
         self._follower.read_new()
-        limit = self.config.max_running
+        limit, booting_cap = self.config.max_running, self.config.max_booting
         for execution_id in list(self._pending):
             if limit and len(self._running) >= limit:
                 break  # started in request order once a harness ends
+            if booting_cap and self.booting >= booting_cap:
+                break  # started once a boot is over
             self._start(self._pending.pop(execution_id))
         now = self._clock()
         for execution_id, run in list(self._running.items()):
             code = run.process.poll()
+            if code is not None and self._boot_again(execution_id, code):
+                continue
             if code is not None:
                 reason = FinishReason.COMPLETED if code == 0 else FinishReason.FAILED
                 self._reap(execution_id, reason, f"harness exited {code}")
@@ -220,43 +236,93 @@ class Launcher:
         if result.duplicate:
             revoke_key(self.log, api_key, "another launcher started this execution")
             return
-        sandboxed = placement is not None and placement.sandboxed
-        workspace, home = (
-            placement.inside(task, dirs) if placement is not None else (dirs.workspace, dirs.home)
-        )
-        launch = Launch(workspace, home, task.prompt, self.config.proxy_url, api_key, self.config.model)
-        cleanup = _nothing
+        deadline = self._clock() + task.budget_s
         try:
-            spec = self.plugin.launch_spec(launch)
-            if sandboxed:
-                # In a sandbox the harness gets its own environment only; intermediate
-                # evaluations (.gyre/evaluate) need the launcher's folders and are not offered.
-                assert placement is not None
-                placed = placement.place(spec, task, dirs, safe_name(request.execution_id))
-                cleanup = placed.cleanup
-                spec = LaunchSpec(placed.argv, stdin=spec.stdin)
-                env = dict(placed.env)
-            else:
-                install_evaluate_command(dirs.workspace)
-                env = (
-                    {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-                    | {
-                        "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
-                        "GYRE_EXECUTION_KEY": api_key,
-                        "GYRE_SNAPSHOTS": str(dirs.root / "snapshots"),
-                    }
-                    | dict(spec.env)
-                )
-            process = self._starter.start(spec, cwd=dirs.workspace, env=env, log=dirs.harness_log)
+            process, cleanup = self._spawn(request, task, dirs, api_key)
         except (HarnessError, LaunchError, OSError) as exc:
-            cleanup()
+            if isinstance(exc, LaunchError):  # the sandbox could not boot: nothing evaluable
+                shutil.rmtree(dirs.workspace, ignore_errors=True)
             self._finish(
                 request.execution_id, request.run_id, dirs, FinishReason.FAILED, f"not started: {exc}"
             )
             revoke_key(self.log, api_key, "not started")
             return
-        deadline = self._clock() + task.budget_s
-        self._running[request.execution_id] = Running(request, dirs, process, api_key, deadline, cleanup)
+        self._running[request.execution_id] = Running(
+            request, dirs, process, api_key, deadline, cleanup, started_at=self._clock()
+        )
+
+    def _spawn(
+        self, request: ExecutionStartRequested, task: TaskDefined, dirs: ExecutionDirs, api_key: str
+    ) -> tuple[HarnessProcess, Callable[[], None]]:
+        """Start the harness in ``dirs``; raises HarnessError, LaunchError (its sandbox cannot be
+        prepared) or OSError, having cleaned up what it prepared."""
+        placement = self.placement
+        sandboxed = placement is not None and placement.sandboxed
+        workspace, home = (
+            placement.inside(task, dirs) if placement is not None else (dirs.workspace, dirs.home)
+        )
+        launch = Launch(workspace, home, task.prompt, self.config.proxy_url, api_key, self.config.model)
+        spec = self.plugin.launch_spec(launch)
+        cleanup = _nothing
+        if sandboxed:
+            # In a sandbox the harness gets its own environment only; intermediate evaluations
+            # (.gyre/evaluate) need the launcher's folders and are not offered there.
+            assert placement is not None
+            placed = placement.place(spec, task, dirs, safe_name(request.execution_id))
+            cleanup = placed.cleanup
+            spec = LaunchSpec(placed.argv, stdin=spec.stdin)
+            env = dict(placed.env)
+        else:
+            install_evaluate_command(dirs.workspace)
+            env = (
+                {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+                | {
+                    "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
+                    "GYRE_EXECUTION_KEY": api_key,
+                    "GYRE_SNAPSHOTS": str(dirs.root / "snapshots"),
+                }
+                | dict(spec.env)
+            )
+        try:
+            return self._starter.start(spec, cwd=dirs.workspace, env=env, log=dirs.harness_log), cleanup
+        except OSError:
+            cleanup()
+            raise
+
+    def _boot_again(self, execution_id: str, code: int) -> bool:
+        """A harness that died while booting (a non-zero exit within ``boot_window_s`` of its
+        start) is started again on a fresh workspace, at most ``boot_retries`` times and only
+        inside its budget; returns whether it was."""
+        run = self._running[execution_id]
+        now = self._clock()
+        if (
+            code == 0
+            or run.boots > self.config.boot_retries
+            or now - run.started_at > self.config.boot_window_s
+            or now >= run.deadline
+        ):
+            return False
+        task = self._task_of(run.request)
+        if task is None:
+            return False
+        run.cleanup()
+        log_tail = run.dirs.harness_log.read_bytes()[-2000:] if run.dirs.harness_log.exists() else b""
+        try:
+            dirs = prepare(
+                self.config.root,
+                execution_id,
+                task,
+                write=self.placement.write_workspace if self.placement is not None else None,
+            )
+            dirs.harness_log.write_bytes(
+                log_tail + f"\n[gyre] harness exited {code} while booting: started again\n".encode()
+            )
+            process, cleanup = self._spawn(run.request, task, dirs, run.api_key)
+        except (HarnessError, LaunchError, OSError):
+            return False
+        run.dirs, run.process, run.cleanup = dirs, process, cleanup
+        run.started_at, run.boots = now, run.boots + 1
+        return True
 
     def _kill(self, run: Running) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
