@@ -19,7 +19,7 @@ import pytest
 from gyre_store import EvaluationStatus, TaskDefined, TaskSplit
 from gyre_train.exceptions import EvaluatorFailure, TaskSourceError
 from gyre_train.rewards.evaluation import PreservedState
-from gyre_train.sandbox import BwrapSandbox, bwrap_missing
+from gyre_train.sandbox import BwrapSandbox, LocalSandbox, bwrap_missing
 from gyre_train.tasks import (
     CopiedTree,
     SandboxTestEvaluator,
@@ -168,3 +168,22 @@ def test_a_missing_workspace_is_not_evaluable(area: Path, bwrap: BwrapSandbox) -
         PreservedState("e1", "r1", "v1", (), str(area / "gone"))
     )
     assert result.status is EvaluationStatus.NOT_EVALUABLE and result.score is None
+
+
+def test_a_jsonl_task_is_written_and_scored_by_its_exit_status_on_the_host(area: Path) -> None:
+    source = Path(__file__).resolve().parents[2] / "fixtures" / "tasks.jsonl"
+    [event] = [
+        e
+        for e in defined_tasks(str(source), "r1", train=1, heldout=1, seed=0, budget_s=1.0)
+        if e.task_id == "upper"
+    ]
+    files = TaskFiles()
+    workspace = area / "upper"
+    files.write_workspace(event, workspace)
+    evaluator = SandboxTestEvaluator(files.task(event), LocalSandbox())
+    state = PreservedState("e1", "r1", "v1", (), str(workspace))
+    untouched = evaluator.evaluate(state)
+    assert (untouched.score, untouched.detail.split(" in ")[0]) == (0.0, "tests exited 1")
+    (workspace / "upper.txt").write_text("GYRE\n")
+    assert evaluator.evaluate(state).score == 1.0
+    assert evaluator.name == "tests:local"
