@@ -4,7 +4,8 @@ A task folder holds ``task.toml`` (``[agent] timeout_sec``, ``[verifier] timeout
 ``env``, ``[environment]`` ``cpus``, ``memory`` ("2G") or ``memory_mb``, ``storage`` or
 ``storage_mb``, ``docker_image``; ``[metadata]`` free-form), ``instruction.md`` (the prompt),
 ``environment/`` (a Dockerfile and its build context), ``tests/test.sh`` (executable; writes
-``/logs/verifier/reward.txt`` or ``reward.json``) and optionally ``solution/solve.sh``.
+``/logs/verifier/reward.txt`` or ``reward.json``) and optionally ``solution/solve.sh`` and
+``rubric.md`` (what an LLM judge scores the work against; the agent never sees it).
 
 The starting workspace is what the Dockerfile's COPY and ADD put under its final WORKDIR; with no
 Dockerfile, the files of ``environment/`` themselves. Keys inside a section that gyre does not
@@ -125,6 +126,7 @@ def read_task(folder: Path, *, family: str) -> Task:
         verifier_env={str(k): str(v) for k, v in verifier_env.items()},
         fixed_paths=True,
         metadata=dict(_table(config, "metadata", toml_path)) | {"task": config.get("task", {})},
+        rubric=(folder / "rubric.md").read_text() if (folder / "rubric.md").is_file() else "",
     )
 
 

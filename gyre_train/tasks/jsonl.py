@@ -4,7 +4,8 @@ Keys: ``id``, ``prompt``, ``test_command`` (a list of arguments, or a string run
 ``budget_s``, and the starting workspace as ``files`` (path -> text) or ``repo`` and ``commit``
 (a local git repository, relative to the file's folder, cloned at that commit); optionally
 ``tests`` (path -> text, the folder ``{tests}``), ``solution`` (a shell script run in the
-workspace) and ``split`` ("train" or "heldout"; else the hash rule of ``held_out``).
+workspace), ``split`` ("train" or "heldout"; else the hash rule of ``held_out``) and ``rubric``
+(text an LLM judge scores the work against).
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ from gyre_train.tasks.suite import held_out
 from gyre_train.tasks.task import Files, FileTree, GitCheckout, Task
 
 KEYS = frozenset(
-    {"id", "prompt", "files", "repo", "commit", "test_command", "budget_s", "split", "tests", "solution"}
+    {
+        "id",
+        "prompt",
+        "files",
+        "repo",
+        "commit",
+        "test_command",
+        "budget_s",
+        "split",
+        "tests",
+        "solution",
+        "rubric",
+    }
 )
 SOLVE_COMMAND = ("sh", "{solution}/solve.sh")
 
@@ -86,6 +99,9 @@ def _task(row: dict[str, object], where: str, path: Path) -> Task:
         split = TaskSplit(split_raw)
     else:
         raise TaskSourceError(f'{where}: split: {split_raw!r} is not "train" or "heldout"')
+    rubric = row.get("rubric", "")
+    if not isinstance(rubric, str):
+        raise TaskSourceError(f"{where}: rubric: must be text")
     solution = row.get("solution")
     if solution is not None and not isinstance(solution, str):
         raise TaskSourceError(f"{where}: solution: must be a shell script (a string)")
@@ -102,6 +118,7 @@ def _task(row: dict[str, object], where: str, path: Path) -> Task:
         solve_command=SOLVE_COMMAND if solution is not None else (),
         agent_timeout_s=float(budget),
         verifier_timeout_s=float(budget),
+        rubric=rubric,
     )
 
 

@@ -140,6 +140,7 @@ class Task:
     verifier_env: Mapping[str, str] = field(default_factory=dict)
     fixed_paths: bool = False
     metadata: Mapping[str, object] = field(default_factory=dict)
+    rubric: str = ""  # what an LLM judge scores the work against (never shown to the agent)
 
     def materialize(self, dest: Path) -> None:
         """Write the starting workspace into ``dest`` (created if missing)."""

@@ -358,3 +358,25 @@ def test_container_kinds_say_they_are_not_built(kind: str) -> None:
 def test_unknown_sandbox_kind() -> None:
     with pytest.raises(SandboxError, match="unknown sandbox kind 'vm'"):
         sandbox_for("vm")
+
+
+def test_a_rubric_is_read_from_the_task_and_never_written_to_the_workspace(tmp_path: Path) -> None:
+    tasks = {t.id: t for t in open_source(str(HARBOR)).tasks}
+    assert tasks["write-greeting"].rubric == (HARBOR / "write-greeting" / "rubric.md").read_text()
+    assert tasks["fix-add"].rubric == ""
+    tasks["write-greeting"].materialize(tmp_path / "ws")
+    assert not list((tmp_path / "ws").rglob("rubric.md"))
+    line = {
+        "id": "t",
+        "prompt": "p",
+        "files": {"a": "b"},
+        "test_command": "true",
+        "budget_s": 5,
+        "rubric": "r",
+    }
+    (tmp_path / "t.jsonl").write_text(json.dumps(line) + "\n")
+    [task] = open_source(str(tmp_path / "t.jsonl")).tasks
+    assert task.rubric == "r"
+    (tmp_path / "t.jsonl").write_text(json.dumps(line | {"rubric": 3}) + "\n")
+    with pytest.raises(TaskSourceError, match="t.jsonl:1: rubric: must be text"):
+        open_source(str(tmp_path / "t.jsonl"))
