@@ -73,3 +73,52 @@ def test_an_unknown_harness_is_refused_naming_the_known_ones() -> None:
         ConfigFileError, match=r"run.toml: harness: unknown harness 'vim'; known: builtin, claude-code"
     ):
         parse_config('harness = "vim"\n', where="run.toml")
+
+
+HARBOR = Path(__file__).resolve().parents[1] / "fixtures" / "harbor"
+
+
+def test_a_task_source_and_a_sandbox_are_read_and_checked() -> None:
+    config = parse_config(
+        f'[tasks]\nsource = "{HARBOR}"\nheldout_ids = ["fix-add"]\n[sandbox]\nkind = "bwrap"\n'
+    )
+    assert (config.tasks.spec, config.sandbox.kind, config.tasks.heldout_ids) == (
+        str(HARBOR),
+        "bwrap",
+        ["fix-add"],
+    )
+    assert parse_config(to_toml(config)) == config
+    assert DEMO.tasks.spec == "builtin:copy-line" and DEMO.sandbox.kind == "local"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[sandbox]\nkind = "chroot"\n',
+            r"sandbox.kind must be one of \['local', 'bwrap', 'podman', 'docker'\], got 'chroot'",
+        ),
+        (f'[tasks]\nsource = "{HARBOR}"\n', "holds Harbor tasks, whose tests use absolute paths"),
+        (
+            '[tasks]\nsource = "/no/such/tasks"\n[sandbox]\nkind = "bwrap"\n',
+            "tasks.source: .*/no/such/tasks: no such folder or file",
+        ),
+        ('[tasks]\nheldout_ids = ["x"]\n', "heldout_ids applies to a folder or .jsonl source only"),
+        ('[eval]\njudge = "engine:pool-0"\n', "a judge on one named engine is not implemented"),
+        ('[eval]\njudge = "ftp://judge"\n', r"eval.judge must be \"\", \"policy\" or an http\(s\) URL"),
+        ('[eval]\njudge = "http://127.0.0.1:9/v1"\n', "eval.judge_model: a URL judge needs the model name"),
+    ],
+    ids=[
+        "unknown-sandbox",
+        "harbor-under-local",
+        "missing-source",
+        "heldout-ids-of-a-family",
+        "judge-engine",
+        "judge-scheme",
+        "judge-model",
+    ],
+)
+def test_bad_task_sandbox_and_judge_settings_are_refused_in_one_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigFileError, match=message) as caught:
+        parse_config(text, where="run.toml")
+    assert str(caught.value).startswith("run.toml: ") and "\n" not in str(caught.value)
