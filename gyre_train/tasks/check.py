@@ -7,6 +7,8 @@ The reward is ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (nam
 ``"reward"`` entry, else their mean); a command naming ``{report}`` is scored by the fraction of
 its JUnit report's tests that passed; a JSONL task without either is scored by its exit status
 (0: 1.0, else 0.0). A Harbor task that writes no reward file has no reward: the check fails.
+Under a container kind (podman, docker) both run in the task's image: its Dockerfile built, RUN
+lines and all (``sandbox_for_task``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from gyre_train.exceptions import EvaluatorFailure, GyreTrainError, SandboxError
 from gyre_train.rewards.evaluators import read_junit
 from gyre_train.sandbox import Bind, Limits, RunResult, Sandbox
+from gyre_train.sandbox.images import ContainerSandbox
 from gyre_train.tasks.task import Task
 
 TESTS, SOLUTION, LOGS = "/tests", "/solution", "/logs/verifier"
@@ -76,15 +79,26 @@ def refusal(task: Task, sandbox: Sandbox) -> str | None:
         line, keyword = task.unsupported[0]
         return (
             f"{task.dockerfile}:{line}: {keyword} cannot be applied under bwrap (the host's root is the "
-            "base; only FROM, WORKDIR, COPY, ADD and ENV are); use podman or docker (not implemented yet)"
+            "base; only FROM, WORKDIR, COPY, ADD and ENV are); use --sandbox podman or docker, which build "
+            "the Dockerfile"
         )
     return None
+
+
+def sandbox_for_task(task: Task, sandbox: Sandbox) -> Sandbox:
+    """``sandbox`` ready for ``task``: a container sandbox running the task's image (its
+    Dockerfile built, see ``gyre_train.sandbox.images``), any other kind as it is. Raises
+    SandboxError when the image cannot be had."""
+    if isinstance(sandbox, ContainerSandbox):
+        return sandbox.with_image(sandbox.image_for(task.dockerfile, task.image))
+    return sandbox
 
 
 def check_task(task: Task, sandbox: Sandbox) -> CheckResult:
     """Run both checks of ``task``; raises SandboxError when ``sandbox`` cannot run it."""
     if (why := refusal(task, sandbox)) is not None:
         raise SandboxError(why)
+    sandbox = sandbox_for_task(task, sandbox)
     untouched, detail, seconds = _phase(task, sandbox, solve=False)
     if untouched is None:
         return CheckResult(task.id, None, None, seconds, Verdict.FAIL, f"untouched: {detail}")

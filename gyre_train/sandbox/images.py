@@ -1,0 +1,187 @@
+"""Container images: what a container sandbox (``podman``, ``docker``) shares, which image it runs
+and how a task's image is built, with no registry to pull from.
+
+A ``FROM`` that is not present locally is rewritten to the base image (``localhost/gyre-base``:
+the host's own ``/usr``, built by ``tools/podman_setup.sh``), with a note; a built image is tagged
+by a hash of everything that went into it, so an unchanged Dockerfile is never built twice. An
+image named outright (Harbor's ``docker_image``) must be present: it is the task's whole
+environment, and a stand-in would fail its tests for the wrong reason. Knows nothing of tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Self
+
+from gyre_train.exceptions import SandboxError
+from gyre_train.sandbox.base import Bind, Limits, Sandbox, minimal_env
+
+log = logging.getLogger(__name__)
+
+BASE_IMAGE = "localhost/gyre-base:latest"
+TASK_REPO = "localhost/gyre-task"  # built images: TASK_REPO:<content hash>
+BUILT_DOCKERFILE = ".gyre.Dockerfile"  # the rewritten Dockerfile, written into a copy of the context
+SETUP = "tools/podman_setup.sh"
+FROM_LINE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """A Dockerfile whose missing base images were replaced: its text, the images its stages
+    start from, and one note per FROM replaced."""
+
+    text: str
+    bases: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def rewrite_from(text: str, present: Callable[[str], bool], base: str = BASE_IMAGE) -> Rewritten:
+    """``text`` with every ``FROM`` image that is not ``present`` (nor ``scratch``, nor an earlier
+    stage's name) replaced by ``base``; continuation lines and ``ARG`` in FROM are left alone."""
+    stages: set[str] = set()
+    lines: list[str] = []
+    bases: list[str] = []
+    notes: list[str] = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        match = FROM_LINE.match(body)
+        if match is None:
+            lines.append(line)
+            continue
+        head, flags, image, rest = match.groups()
+        if image.lower() in stages or image == "scratch" or "$" in image:
+            lines.append(line)
+        elif present(image):
+            lines.append(line)
+            bases.append(image)
+        else:
+            notes.append(f"FROM {image} is not present locally (no registry is reachable): built FROM {base}")
+            lines.append(f"{head}{flags}{base}{rest}{line[len(body) :]}")
+            bases.append(base)
+        if alias := re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE):
+            stages.add(alias.group(1).lower())
+    return Rewritten("".join(lines), tuple(bases), tuple(notes))
+
+
+def context_hash(dockerfile_text: str, context: Path, base_ids: Sequence[str]) -> str:
+    """Hex sha256 of the Dockerfile as built, every file of its context (path, mode, bytes) and
+    the ids of the images it starts from: a changed base (a host upgraded) builds anew."""
+    digest = hashlib.sha256()
+    for part in (dockerfile_text, *base_ids):
+        digest.update(len(part).to_bytes(8, "big") + part.encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(context).as_posix()
+        info = path.lstat()
+        digest.update(f"{len(rel)}:{rel}:{info.st_mode:o}".encode())
+        data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+        digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
+
+
+def built_context(dockerfile: Path, rewritten: Rewritten, into: Path) -> Path:
+    """A copy of ``dockerfile``'s folder in ``into`` with the rewritten Dockerfile beside it (as
+    ``BUILT_DOCKERFILE``): what an engine builds. Returns the copy."""
+    context = into / "context"
+    shutil.copytree(dockerfile.parent, context, symlinks=True)
+    (context / BUILT_DOCKERFILE).write_text(rewritten.text)
+    return context
+
+
+def in_container(command: Sequence[str], limits: Limits) -> list[str]:
+    """``command`` under the limits a container engine does not apply itself: CPU time and file
+    size as rlimits set by ``prlimit`` inside (an engine's ``--ulimit`` makes podman add open-file
+    and process rlimits above what this host lets runc set). Memory and processes are the
+    container's cgroup limits (``container_memory``, ``limits.processes``)."""
+    if not command:
+        raise SandboxError("command: empty")
+    return [*replace(limits, memory_mb=None, processes=None).prlimit(), *command]
+
+
+def container_env(workdir: str, env: Mapping[str, str] | None) -> dict[str, str]:
+    """The container's environment: ``minimal_env``, HOME the working directory."""
+    return minimal_env(workdir, env)
+
+
+def check_binds(workdir: str, binds: Sequence[Bind]) -> None:
+    """Raise SandboxError for a relative working directory, a missing bind source, or a path a
+    volume argument cannot carry."""
+    if not workdir.startswith("/"):
+        raise SandboxError(f"workdir: {workdir!r} must be an absolute path inside the sandbox")
+    for bind in binds:
+        if not bind.source.exists():
+            raise SandboxError(f"binds: {bind.source} does not exist")
+        if not bind.target.startswith("/"):
+            raise SandboxError(f"binds: target {bind.target!r} must be an absolute path")
+        if any(ch in f"{bind.source}{bind.target}" for ch in ":,\n"):
+            raise SandboxError(
+                f"binds: {bind.source} -> {bind.target}: a path may not hold ':' ',' or a newline"
+            )
+
+
+def container_name(name: str | None = None) -> str:
+    """A container name: ``gyre-NAME`` (made safe), or ``gyre-<random>`` for a one-off run."""
+    if name is None:
+        return f"gyre-{uuid.uuid4().hex[:16]}"
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", name)
+    return f"gyre-{safe}"[:200]
+
+
+class ContainerSandbox(Sandbox):
+    """A sandbox that runs commands in containers of ``image``; ``image_for`` chooses (and
+    builds) a task's image, ``with_image`` gives the same sandbox running another."""
+
+    remaps = True
+    python = "/usr/bin/python3"  # the base image's (the host's); an image of a task's own may differ
+    image: str
+
+    @abstractmethod
+    def with_image(self, image: str) -> Self:
+        """This sandbox, running ``image``."""
+
+    @abstractmethod
+    def has_image(self, image: str) -> bool:
+        """Whether ``image`` is present locally."""
+
+    @abstractmethod
+    def image_id(self, image: str) -> str:
+        """The id of ``image``, present locally; raises SandboxError when it is not."""
+
+    @abstractmethod
+    def build(self, context: Path, dockerfile: str, tag: str) -> None:
+        """Build ``context`` (its file ``dockerfile``) as ``tag``; raises SandboxError naming why not."""
+
+    def image_for(self, dockerfile: Path | None, image: str | None) -> str:
+        """The image to run: ``dockerfile`` built (see the module docstring), else ``image`` if it
+        is present, else the base image. Raises SandboxError when a build fails, the base image
+        is missing, or a named ``image`` is not present."""
+        if dockerfile is None:
+            if image is None:
+                self.image_id(BASE_IMAGE)
+                return BASE_IMAGE
+            if not self.has_image(image):
+                raise SandboxError(
+                    f"image {image!r} is not present locally and no registry is reachable: load it "
+                    f"(podman load -i FILE.tar) or give the task an environment/Dockerfile"
+                )
+            return image
+        rewritten = rewrite_from(dockerfile.read_text(), self.has_image)
+        with tempfile.TemporaryDirectory(prefix="gyre-build-") as scratch:
+            context = built_context(dockerfile, rewritten, Path(scratch))
+            base_ids = [self.image_id(b) for b in rewritten.bases]
+            tag = f"{TASK_REPO}:{context_hash(rewritten.text, context, base_ids)[:32]}"
+            if self.has_image(tag):
+                return tag
+            for note in rewritten.notes:
+                log.warning("%s: %s", dockerfile, note)
+            self.build(context, BUILT_DOCKERFILE, tag)
+        return tag

@@ -1,0 +1,213 @@
+"""The ``podman`` sandbox: each command in a fresh rootful container of an image built locally.
+
+The container has no network (``--network none``), an environment built from nothing (podman's
+and the image's variables unset, then ``minimal_env``), the caller's binds (read-only unless
+writable), memory and process limits as cgroup limits, CPU time and file size as rlimits set by
+``prlimit`` inside (``images.in_container``); its own root file system is the image's, writable
+and discarded with it. A timeout removes the container (killing the client leaves it running).
+
+Podman runs with ``--runtime runc --cgroup-manager cgroupfs`` and ``CONTAINERS_CONF`` pointing to
+gyre's containers.conf (``/etc/containers/gyre.conf``): ``tools/podman_setup.sh`` writes it and
+builds the base image. crun fails on such hosts (``setrlimit RLIMIT_NOFILE``, hybrid cgroups).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Self
+
+from gyre_train.exceptions import SandboxError
+from gyre_train.sandbox.base import (
+    DEFAULT_PATH,
+    NO_LIMITS,
+    Bind,
+    Limits,
+    Prepared,
+    ProxyRoute,
+    RunResult,
+    run_group,
+)
+from gyre_train.sandbox.images import (
+    BASE_IMAGE,
+    SETUP,
+    ContainerSandbox,
+    check_binds,
+    container_env,
+    container_name,
+    in_container,
+)
+
+CONF = Path("/etc/containers/gyre.conf")
+GLOBAL_FLAGS = ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
+BUILD_TIMEOUT_S = 1800.0
+QUERY_TIMEOUT_S = 60.0  # an image query or a removal; podman waits on its storage lock
+
+
+def containers_conf() -> str | None:
+    """The containers.conf podman is run with: ``CONTAINERS_CONF`` if set, else gyre's own."""
+    return os.environ.get("CONTAINERS_CONF") or (str(CONF) if CONF.is_file() else None)
+
+
+def podman_missing() -> str | None:
+    """Why rootful podman cannot be used here, or None when it can."""
+    for program in ("podman", "runc"):
+        if shutil.which(program) is None:
+            return f"{program.upper()} NOT INSTALLED: run {SETUP}"
+    if os.geteuid() != 0:
+        return "podman sandboxes are rootful: run gyre as root"
+    if containers_conf() is None:
+        return f"no containers.conf for gyre at {CONF}: run {SETUP}"
+    return None
+
+
+def podman_env() -> dict[str, str]:
+    """The environment the podman client itself runs with (not the container's)."""
+    env = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "HOME": os.environ.get("HOME", "/root")}
+    if (conf := containers_conf()) is not None:
+        env["CONTAINERS_CONF"] = conf
+    return env
+
+
+def run_args(
+    image: str,
+    command: Sequence[str],
+    *,
+    name: str,
+    workdir: str,
+    binds: Sequence[Bind] = (),
+    env: Mapping[str, str] | None = None,
+    limits: Limits = NO_LIMITS,
+) -> list[str]:
+    """``podman run`` arguments (after the global flags) for ``command`` in a new container
+    ``name`` of ``image``, removed when it ends. Raises SandboxError for an empty command."""
+    args = ["run", "--rm", "--name", name, "--network", "none", "--unsetenv-all"]
+    args += ["--security-opt", "no-new-privileges", "--pull", "never", "--entrypoint", "", "-w", workdir]
+    if limits.memory_mb is not None:  # swap as large as memory: none beyond it
+        args += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
+    if limits.processes is not None:
+        args += ["--pids-limit", str(limits.processes)]
+    for bind in binds:
+        args += ["-v", f"{bind.source}:{bind.target}" + ("" if bind.writable else ":ro")]
+    for key, value in container_env(workdir, env).items():
+        args += ["--env", f"{key}={value}"]
+    return [*args, image, *in_container(command, limits)]
+
+
+class PodmanSandbox(ContainerSandbox):
+    """Runs commands in podman containers of ``image`` (see the module docstring)."""
+
+    kind = "podman"
+
+    def __init__(self, *, image: str = BASE_IMAGE) -> None:
+        if (missing := podman_missing()) is not None:
+            raise SandboxError(missing)
+        self.image = image
+        self._env = podman_env()
+
+    def with_image(self, image: str) -> Self:
+        clone = copy.copy(self)
+        clone.image = image
+        return clone
+
+    def run(
+        self,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] | None = None,
+        timeout_s: float,
+        limits: Limits = NO_LIMITS,
+    ) -> RunResult:
+        check_binds(workdir, binds)
+        name = container_name()
+        argv = [
+            "podman",
+            *GLOBAL_FLAGS,
+            *run_args(self.image, command, name=name, workdir=workdir, binds=binds, env=env, limits=limits),
+        ]
+        ended = False
+        try:
+            result = run_group(argv, cwd=None, env=self._env, timeout_s=timeout_s)
+            ended = not result.timed_out and 0 <= result.exit_code < 125
+        finally:
+            if not ended:  # the client was killed (or failed): the container may live on
+                self.remove(name)
+        if result.exit_code == 125 and result.stderr.startswith("Error:"):
+            raise SandboxError(
+                f"podman could not start the container: {result.stderr.strip().splitlines()[0]}"
+            )
+        return result
+
+    def prepare(
+        self,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        name: str,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] | None = None,
+        limits: Limits = NO_LIMITS,
+        route: ProxyRoute | None = None,
+    ) -> Prepared:
+        check_binds(workdir, binds)
+        if route is not None:
+            raise SandboxError("the podman sandbox cannot relay a proxy route yet")
+        container = container_name(name)
+        args = run_args(
+            self.image, command, name=container, workdir=workdir, binds=binds, env=env, limits=limits
+        )
+        # an init as PID 1 passes on the signals podman forwards (a PID 1 without handlers ignores them)
+        args.insert(1, "--init")
+        return Prepared(("podman", *GLOBAL_FLAGS, *args), self._env, lambda: self.remove(container))
+
+    def remove(self, name: str) -> None:
+        """Remove container ``name`` now, killing what runs in it; nothing if there is none."""
+        self._podman("rm", "--force", "--ignore", "--time", "0", name)
+
+    def has_image(self, image: str) -> bool:
+        return self._podman("image", "exists", image).returncode == 0
+
+    def image_id(self, image: str) -> str:
+        done = self._podman("image", "inspect", "--format", "{{.Id}}", image)
+        if done.returncode != 0:
+            hint = f"; run {SETUP}" if image == BASE_IMAGE else ""
+            raise SandboxError(f"image {image} is not present in podman's storage{hint}")
+        return done.stdout.strip()
+
+    def build(self, context: Path, dockerfile: str, tag: str) -> None:
+        done = self._podman(
+            "build",
+            "--pull=never",
+            "--network=none",
+            "--quiet",
+            "--file",
+            str(context / dockerfile),
+            "--tag",
+            tag,
+            str(context),
+            timeout_s=BUILD_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-3:] or [f"exit {done.returncode}"]
+            raise SandboxError(f"podman build of {tag} failed: {' | '.join(tail)}")
+
+    def _podman(self, *args: str, timeout_s: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                ["podman", *GLOBAL_FLAGS, *args],
+                env=self._env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SandboxError(f"podman {args[0]} took over {timeout_s:g} s") from exc
+        except OSError as exc:
+            raise SandboxError(f"cannot run podman: {exc.strerror}") from exc
