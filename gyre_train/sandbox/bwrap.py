@@ -2,11 +2,13 @@
 
 The command gets its own mount, pid, user, IPC, UTS and network namespaces (the network holds
 only a loopback of its own: nothing of the host is reachable), no capabilities, the host's
-``/usr`` and a few files of ``/etc`` read-only, fresh ``/proc``, ``/dev`` and ``/tmp``, and the
-caller's binds, nothing else; the rest of its root is read-only. Its environment is built from
-nothing. Limits are rlimits set by ``prlimit`` inside. Started by root, bwrap runs as an
-unprivileged user (``uid``, nobody by default), since the kernel applies no process limit to
-root: writable binds are handed to that user, and every bind must be readable by it.
+``/usr`` and a few files of ``/etc`` read-only, fresh ``/proc``, ``/dev`` and ``/tmp`` (a tmpfs
+no larger than the file-size limit), and the caller's binds, nothing else; the rest of its root
+is read-only. Its environment is built from nothing. Limits are rlimits set by ``prlimit``
+inside. Started by root, bwrap runs as an unprivileged user (``uid``, nobody by default), since
+the kernel applies no process limit to root: writable binds are handed to that user, and every
+bind must be readable by it. A prepared process may also reach the proxy's port on its own
+loopback, relayed through a unix socket (``gyre_train.sandbox.relay``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gyre_train.exceptions import SandboxError
-from gyre_train.sandbox.base import NO_LIMITS, Bind, Limits, RunResult, Sandbox, minimal_env, run_group
+from gyre_train.sandbox.base import (
+    NO_LIMITS,
+    Bind,
+    Limits,
+    Prepared,
+    ProxyRoute,
+    RunResult,
+    Sandbox,
+    minimal_env,
+    run_group,
+)
+from gyre_train.sandbox.relay import INSIDE_SCRIPT
 
 NOBODY = 65534
 ROOT_LINKS = ("bin", "lib", "lib64", "sbin")  # merged-/usr links (or folders) of the host root
@@ -33,6 +46,11 @@ ETC_FILES = (
     "alternatives",
     "hosts",
 )
+ROUTE_DIR = "/run/gyre"  # the route socket's folder, as the sandbox sees it
+FORWARDER = "/run/gyre-forward.py"  # relay_inside.py, as the sandbox sees it
+# $1 port, $2 socket, $3 name, then the command: the forwarder returns once the port listens;
+# isolated (-I), so that the command's PYTHONPATH cannot shadow the forwarder's standard library
+ROUTE_SH = f'/usr/bin/python3 -I {FORWARDER} "$1" "$2" $$ "$3" || exit 1; shift 3; exec "$@"'
 
 
 def bwrap_missing() -> str | None:
@@ -67,7 +85,51 @@ class BwrapSandbox(Sandbox):
         timeout_s: float,
         limits: Limits = NO_LIMITS,
     ) -> RunResult:
-        if not command:
+        argv = self._argv([*limits.prlimit(), *command], workdir=workdir, binds=binds, env=env, limits=limits)
+        result = run_group(argv, cwd=None, env=_host_env(), timeout_s=timeout_s)
+        if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
+            raise SandboxError(f"bwrap could not set up the sandbox: {result.stderr.strip().splitlines()[0]}")
+        return result
+
+    def prepare(
+        self,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        name: str,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] | None = None,
+        limits: Limits = NO_LIMITS,
+        route: ProxyRoute | None = None,
+    ) -> Prepared:
+        """``run``'s sandbox for a long-running command, plus the route: the route socket's
+        folder read-only at ``ROUTE_DIR``, the forwarder at ``FORWARDER``, and ``command``
+        started by ``ROUTE_SH`` once ``127.0.0.1:port`` listens. Nothing outlives the process
+        group: bwrap dies with it (its child has ``--die-with-parent``), and with bwrap's init
+        the kernel kills every process of the sandbox's pid namespace, the forwarder's too."""
+        inner = [*limits.prlimit(), *command]
+        extra: list[str] = []
+        if route is not None:
+            extra = self._route_binds(route)
+            socket = f"{ROUTE_DIR}/{route.socket.name}"
+            # the forwarder is started outside prlimit: a fork bomb at the process limit, or a
+            # CPU limit reached, must not take the route of the rest of the sandbox with it
+            inner = ["/bin/sh", "-c", ROUTE_SH, f"gyre-route {name}", str(route.port), socket, name, *inner]
+        argv = self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
+        return Prepared(tuple(argv), _host_env())
+
+    def _argv(
+        self,
+        inner: Sequence[str],
+        *,
+        workdir: str,
+        binds: Sequence[Bind],
+        env: Mapping[str, str] | None,
+        limits: Limits,
+        extra: Sequence[str] = (),
+    ) -> list[str]:
+        """The bwrap command line that runs ``inner`` (limits already applied) in ``workdir``."""
+        if not inner:
             raise SandboxError("command: empty")
         if not workdir.startswith("/"):
             raise SandboxError(f"workdir: {workdir!r} must be an absolute path inside the sandbox")
@@ -81,8 +143,9 @@ class BwrapSandbox(Sandbox):
         # the root is bwrap's own tmpfs: once every mount point is made, nothing else may write it
         argv = [
             *self._prefix(),
-            *self._namespaces(),
+            *self._namespaces(limits),
             *self._binds(binds),
+            *extra,
             "--remount-ro",
             "/",
             "--chdir",
@@ -90,13 +153,22 @@ class BwrapSandbox(Sandbox):
         ]
         for key, value in minimal_env(workdir, env).items():
             argv += ["--setenv", key, value]
-        argv += ["--", *limits.prlimit(), *command]
-        result = run_group(
-            argv, cwd=None, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, timeout_s=timeout_s
-        )
-        if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
-            raise SandboxError(f"bwrap could not set up the sandbox: {result.stderr.strip().splitlines()[0]}")
-        return result
+        return [*argv, "--", *inner]
+
+    def _route_binds(self, route: ProxyRoute) -> list[str]:
+        if not 0 < route.port < 65536:
+            raise SandboxError(f"route: port {route.port} is not a TCP port")
+        try:
+            served = stat.S_ISSOCK(route.socket.stat().st_mode)
+        except OSError:
+            served = False
+        if not served:
+            raise SandboxError(f"route: no socket at {route.socket}; start its relay (UnixRelay) first")
+        if self._drop:
+            _check_reachable(route.socket.parent, self._uid, what="route")
+            _check_reachable(INSIDE_SCRIPT, self._uid, what="route")
+        # read-only is enough to connect to a socket, and keeps the folder the host's alone
+        return ["--ro-bind", str(route.socket.parent), ROUTE_DIR, "--ro-bind", str(INSIDE_SCRIPT), FORWARDER]
 
     def _prefix(self) -> list[str]:
         if not self._drop:
@@ -105,7 +177,7 @@ class BwrapSandbox(Sandbox):
         return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bwrap"]
 
     @staticmethod
-    def _namespaces() -> list[str]:
+    def _namespaces(limits: Limits) -> list[str]:
         args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--clearenv"]
         args += ["--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]
         for name in ROOT_LINKS:
@@ -117,7 +189,10 @@ class BwrapSandbox(Sandbox):
         for name in ETC_FILES:
             if Path("/etc", name).exists():
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if limits.file_size_mb is not None:  # else a tmpfs may grow to half the host's memory
+            args += ["--size", str(limits.file_size_mb * 2**20)]
+        return [*args, "--tmpfs", "/tmp"]
 
     @staticmethod
     def _binds(binds: Sequence[Bind]) -> list[str]:
@@ -125,6 +200,11 @@ class BwrapSandbox(Sandbox):
         for bind in binds:
             args += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.target]
         return args
+
+
+def _host_env() -> dict[str, str]:
+    """What bwrap itself runs with: the host's PATH, nothing else (the sandbox's is --setenv)."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
 def _hand_over(root: Path, uid: int) -> None:
@@ -136,7 +216,7 @@ def _hand_over(root: Path, uid: int) -> None:
                 os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
 
 
-def _check_reachable(path: Path, uid: int) -> None:
+def _check_reachable(path: Path, uid: int, *, what: str = "binds") -> None:
     """Raise SandboxError unless user ``uid`` (no groups) can reach and read ``path``."""
     resolved = path.resolve()
     for folder in [*reversed(resolved.parents), resolved]:
@@ -147,6 +227,6 @@ def _check_reachable(path: Path, uid: int) -> None:
             need = (stat.S_IRUSR if own else stat.S_IROTH) | (need if folder.is_dir() else 0)
         if info.st_mode & need != need:
             raise SandboxError(
-                f"binds: {path} is not readable by the sandbox's user {uid} ({folder} has mode "
+                f"{what}: {path} is not readable by the sandbox's user {uid} ({folder} has mode "
                 f"{stat.filemode(info.st_mode)}); put it in a folder others may read"
             )
