@@ -28,6 +28,7 @@ from gyre_store.catalog.evaluation import (
     new_outcome,
     outcome_key,
 )
+from gyre_store.catalog.judge import JudgeCalled, JudgedFile, judge_call_key
 from gyre_store.catalog.live import (
     EngineRegistered,
     ExecutionStartRequested,
@@ -136,6 +137,8 @@ __all__ = [
     "GroupDispatched",
     "GroupReady",
     "Ident",
+    "JudgeCalled",
+    "JudgedFile",
     "LeafClass",
     "MicroStepClaimed",
     "MicroStepComputed",
@@ -161,6 +164,7 @@ __all__ = [
     "cell_engine_name",
     "consumption_key",
     "contribution_key",
+    "judge_call_key",
     "leaf_class",
     "new_outcome",
     "new_record",

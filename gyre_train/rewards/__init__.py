@@ -24,11 +24,27 @@ from gyre_train.rewards.evaluation import (
     check_result,
 )
 from gyre_train.rewards.evaluators import CallableEvaluator, CommandEvaluator, JUnitCounts, read_junit
+from gyre_train.rewards.judge import (
+    ChatAnswer,
+    ChatClient,
+    ChatMessage,
+    JudgeEvaluator,
+    OpenAIChatClient,
+    ShownFile,
+    WorkspaceText,
+    judge_messages,
+    messages_digest,
+    parse_score,
+    read_workspace,
+)
 from gyre_train.rewards.worker import EvaluatorWorker, WorkerConfig
 
 __all__ = [
     "AdvantageConfig",
     "CallableEvaluator",
+    "ChatAnswer",
+    "ChatClient",
+    "ChatMessage",
     "Clock",
     "CommandEvaluator",
     "EvaluationConfig",
@@ -40,11 +56,19 @@ __all__ = [
     "ExecutionReward",
     "GroupAdvantages",
     "JUnitCounts",
+    "JudgeEvaluator",
     "MonotonicClock",
+    "OpenAIChatClient",
     "PreservedState",
     "RewardStatus",
+    "ShownFile",
     "WorkerConfig",
+    "WorkspaceText",
     "check_result",
     "group_advantages",
+    "judge_messages",
+    "messages_digest",
+    "parse_score",
     "read_junit",
+    "read_workspace",
 ]
