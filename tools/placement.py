@@ -21,7 +21,7 @@ from gyre_proxy.harness import LaunchSpec
 from gyre_proxy.launch import ExecutionDirs, LaunchError, Placed
 from gyre_store import TaskDefined
 from gyre_train import GyreTrainError
-from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, sandbox_for
+from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, UnixRelay, sandbox_for
 from gyre_train.tasks import DEFAULT_WORKDIR, TaskFiles, limits_for
 
 HOME = "/home/agent"
@@ -43,8 +43,6 @@ class SandboxPlacement:
         self._relay: object | None = None
         self._route: ProxyRoute | None = None
         if self.sandboxed:
-            from gyre_train.sandbox.relay import UnixRelay
-
             parts = urlsplit(proxy_url)
             if parts.hostname is None or parts.port is None:
                 raise LaunchError(f"proxy URL {proxy_url!r} names no host and port")

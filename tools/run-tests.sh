@@ -10,6 +10,7 @@
 # To skip them instead, and say so: GYRE_TEST_SKIP_SGLANG=1, GYRE_TEST_SKIP_MOONCAKE=1,
 # GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1, GYRE_TEST_SKIP_CODEX=1),
 # GYRE_TEST_SKIP_MEGATRON=1, GYRE_TEST_SKIP_BWRAP=1 (bubblewrap, for the sandbox tests),
+# GYRE_TEST_SKIP_PODMAN=1 (rootful podman, for the podman and docker sandbox tests),
 # GYRE_TEST_SKIP_POSTGRES_BINARIES=1 (the private clusters that the
 # database-outage tests stop and start need initdb and pg_ctl). A server of your
 # own is used as it is when GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR are set.
@@ -130,6 +131,20 @@ elif ! command -v bwrap >/dev/null; then
     fi
 fi
 took bubblewrap
+
+# rootful podman and its base image, the `podman` and `docker` sandboxes' tests (Debian's podman
+# and runc; tools/podman_setup.sh builds localhost/gyre-base:latest from the host's /usr once).
+phase podman
+if [ "${GYRE_TEST_SKIP_PODMAN:-}" = 1 ]; then
+    echo "!! PODMAN TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_PODMAN=1)" >&2
+elif [ "$(id -u)" = 0 ]; then
+    if ! why="$(bash tools/podman_setup.sh 2>&1)"; then
+        echo "!! tools/podman_setup.sh failed: the podman and docker sandbox tests will fail (GYRE_TEST_SKIP_PODMAN=1 skips them): ${why: -300}" >&2
+    fi
+else
+    echo "!! not root: podman's tests need tools/podman_setup.sh run as root first" >&2
+fi
+took podman
 
 # The harnesses of the end-to-end tests, pinned. One that cannot be installed makes its test
 # fail with the reason, unless GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1,

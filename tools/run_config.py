@@ -68,7 +68,7 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     heldout: bool = True
-    judge: str = ""  # "": none; "policy", or an OpenAI-compatible URL: scores tasks that have a rubric
+    judge: str = ""  # "": none; an OpenAI-compatible URL: scores the sourced tasks that have a rubric
     judge_model: str = ""  # the model name sent to a URL judge
     judge_key_env: str = ""  # the environment variable holding a URL judge's API key
 
@@ -250,18 +250,18 @@ def _check_tasks(config: RunConfig, where: str) -> None:
 
 
 def _check_judge(config: RunConfig, where: str) -> None:
-    """``eval.judge``: none, the run's own policy, or an OpenAI-compatible URL with a model."""
+    """``eval.judge``: none, or an OpenAI-compatible URL with a model."""
     judge = config.eval.judge
-    if judge in ("", "policy"):
+    if judge == "":
         return
-    if judge.startswith("engine:"):
+    if judge == "policy" or judge.startswith("engine:"):
         raise ConfigFileError(
-            f"{where}: eval.judge = {judge!r}: a judge on one named engine is not implemented; use "
-            '"policy" (the run\'s engines, through its proxy) or an OpenAI-compatible URL'
+            f"{where}: eval.judge = {judge!r}: a judge on the run's own policy or engines is not "
+            "implemented; use an OpenAI-compatible URL"
         )
     parts = urlsplit(judge)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigFileError(f'{where}: eval.judge must be "", "policy" or an http(s) URL, got {judge!r}')
+        raise ConfigFileError(f'{where}: eval.judge must be "" or an http(s) URL, got {judge!r}')
     if not config.eval.judge_model:
         raise ConfigFileError(f"{where}: eval.judge_model: a URL judge needs the model name to ask for")
 
@@ -387,7 +387,7 @@ boot_retries = {config.sandbox.boot_retries}       # a harness that exits non-ze
 
 [eval]
 heldout = {str(e.heldout).lower()}   # evaluate the held-out instances before the first and after the last step
-judge = "{e.judge}"         # empty: tests only; "policy" (the run's own model, through its proxy) or an OpenAI-compatible URL: an LLM judge scores tasks that have a rubric (docs/judge.md)
+judge = "{e.judge}"         # empty: tests only; an OpenAI-compatible URL: an LLM judge scores the tasks that have a rubric, instead of their tests (docs/judge.md)
 judge_model = "{e.judge_model}"   # the model a URL judge is asked for
 judge_key_env = "{e.judge_key_env}" # the environment variable holding a URL judge's API key (read by the evaluator process)
 '''

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,12 +37,15 @@ from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 from gyre_tools.placement import SandboxPlacement
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
-from gyre_tools.run_config import RunConfig, parse_config
+from gyre_tools.run_config import ConfigFileError, RunConfig, parse_config
 from gyre_train import (
     AdmissionConfig,
     AdvantageConfig,
+    Evaluator,
     EvaluatorWorker,
     GroupSourceConfig,
+    JudgeEvaluator,
+    OpenAIChatClient,
     PackingConfig,
     WorkerConfig,
 )
@@ -182,17 +185,49 @@ def run_evaluator(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False) as opened:
         config = recorded_config(opened.log, args.run)
         store = PostgresProjectionStore(opened.log.pool, evaluation_projections().tables())
-        tests = sandbox_for(config.sandbox.kind)
-        files = TaskFiles()
+        evaluator_for, judge = sourced_evaluators(config, opened.log)
         worker = EvaluatorWorker(
             opened.log,
             store,
             WorkerConfig(run_id=args.run, threads=args.threads),
-            evaluator_for=lambda task: SandboxTestEvaluator(files.task(task), tests),
+            evaluator_for=evaluator_for,
         )
-        console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}")
-        worker.run(_until_signal())
+        judged = f"; tasks with a rubric judged by {judge.model} at {judge.endpoint}" if judge else ""
+        console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}{judged}")
+        try:
+            worker.run(_until_signal())
+        finally:
+            if judge is not None:
+                judge.close()
     return 0
+
+
+def sourced_evaluators(
+    config: RunConfig, log: EventLog, *, environ: Mapping[str, str] | None = None
+) -> tuple[Callable[[TaskDefined], Evaluator], OpenAIChatClient | None]:
+    """The evaluator of each task read from a source: with ``[eval] judge`` a URL, a task that
+    has a rubric is scored by the judge (its tests are not run); every other task by its own
+    tests in the run's sandbox kind. Returns the factory and the judge's client (to close), if
+    any. The judge's key is read from the environment variable ``[eval] judge_key_env``."""
+    tests = sandbox_for(config.sandbox.kind)
+    files = TaskFiles()
+    judge: OpenAIChatClient | None = None
+    if config.eval.judge:
+        if config.eval.judge == "policy":  # refused by the config's check too
+            raise ConfigFileError('eval.judge = "policy" is not implemented; use an OpenAI-compatible URL')
+        env = os.environ if environ is None else environ
+        key = env.get(config.eval.judge_key_env, "") if config.eval.judge_key_env else ""
+        judge = OpenAIChatClient(config.eval.judge, key, config.eval.judge_model)
+
+    def evaluator_for(event: TaskDefined) -> Evaluator:
+        task = files.task(event)
+        if judge is not None and task.rubric:
+            return JudgeEvaluator(
+                judge, log, judge=config.eval.judge, prompt=task.prompt, rubric=task.rubric, task_id=task.id
+            )
+        return SandboxTestEvaluator(task, tests)
+
+    return evaluator_for, judge
 
 
 def run_controller(args: argparse.Namespace) -> int:

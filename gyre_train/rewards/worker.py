@@ -198,10 +198,20 @@ class _Deferred:
 
     def __init__(self, worker: EvaluatorWorker, execution_id: str) -> None:
         self._worker, self._execution_id = worker, execution_id
+        self._built: Evaluator | None = None
+
+    def _build(self) -> Evaluator:
+        if self._built is None:
+            self._built = self._worker._evaluator(self._execution_id)
+        return self._built
 
     @property
     def name(self) -> str:
-        return "tests"
+        """The built evaluator's name (``tests:<kind>`` for a sourced task), else ``tests``."""
+        try:
+            return self._build().name
+        except GyreTrainError:  # recorded by the runner when it evaluates
+            return "tests"
 
     def evaluate(self, state: PreservedState) -> EvaluationResult:
-        return self._worker._evaluator(self._execution_id).evaluate(state)
+        return self._build().evaluate(state)

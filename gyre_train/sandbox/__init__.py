@@ -1,6 +1,9 @@
-"""Sandboxes: one provider interface (``Sandbox.run``) and one module per kind (``local``, a
-process group on the host; ``bwrap``, bubblewrap namespaces). Knows nothing of tasks, runs, the
-event log or training; containers (podman, docker) are not built yet.
+"""Sandboxes: one provider interface (``Sandbox.run`` for a command, ``Sandbox.prepare`` for a
+long-running harness) and one module per kind: ``local``, a process group on the host; ``bwrap``,
+bubblewrap namespaces; ``podman``, rootful podman containers; ``docker``, the Docker Engine API
+(``gyre_train.sandbox.docker``, imported by ``sandbox_for`` since it needs the docker SDK).
+The proxy is reached from inside through a ``UnixRelay``. Knows nothing of tasks, runs, the event
+log or training.
 """
 
 from __future__ import annotations
@@ -8,20 +11,28 @@ from __future__ import annotations
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox.base import Bind, Limits, Prepared, ProxyRoute, RunResult, Sandbox
 from gyre_train.sandbox.bwrap import BwrapSandbox, bwrap_missing
+from gyre_train.sandbox.images import BASE_IMAGE, ContainerSandbox
 from gyre_train.sandbox.local import LocalSandbox
+from gyre_train.sandbox.podman import PodmanSandbox, podman_missing
 from gyre_train.sandbox.providers import KINDS, sandbox_for
+from gyre_train.sandbox.relay import UnixRelay
 
 __all__ = [
+    "BASE_IMAGE",
     "KINDS",
     "Bind",
     "BwrapSandbox",
+    "ContainerSandbox",
     "Limits",
     "LocalSandbox",
+    "PodmanSandbox",
     "Prepared",
     "ProxyRoute",
     "RunResult",
     "Sandbox",
     "SandboxError",
+    "UnixRelay",
     "bwrap_missing",
+    "podman_missing",
     "sandbox_for",
 ]

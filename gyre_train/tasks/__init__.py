@@ -16,6 +16,7 @@ from gyre_train.tasks.check import (
     limits_for,
     read_reward,
     refusal,
+    sandbox_for_task,
 )
 from gyre_train.tasks.families import DEMO_WEIGHTS, FAMILIES, family, task_suite
 from gyre_train.tasks.runtime import SandboxTestEvaluator, TaskFiles, TestRun, defined_tasks, run_tests
@@ -73,6 +74,7 @@ __all__ = [
     "read_reward",
     "refusal",
     "run_tests",
+    "sandbox_for_task",
     "task_suite",
     "tree_hash",
 ]

@@ -23,7 +23,7 @@ from gyre_train.exceptions import EvaluatorFailure, GyreTrainError, TaskSourceEr
 from gyre_train.rewards.evaluation import EvaluationResult, PreservedState
 from gyre_train.sandbox import Bind, Sandbox
 from gyre_train.tasks.builtin import PREFIX
-from gyre_train.tasks.check import LOGS, TESTS, limits_for, read_reward, refusal
+from gyre_train.tasks.check import LOGS, TESTS, limits_for, read_reward, refusal, sandbox_for_task
 from gyre_train.tasks.families import task_suite
 from gyre_train.tasks.sources import open_source
 from gyre_train.tasks.task import GitCheckout, Task, tree_hash
@@ -133,6 +133,7 @@ def run_tests(task: Task, sandbox: Sandbox, workspace: Path) -> TestRun:
     verifier's timeout. Raises SandboxError when the sandbox cannot run the task."""
     if (why := refusal(task, sandbox)) is not None:
         raise EvaluatorFailure(why)
+    sandbox = sandbox_for_task(task, sandbox)
     with tempfile.TemporaryDirectory(prefix="gyre-tests-") as scratch_name:
         scratch = Path(scratch_name)
         scratch.chmod(0o755)  # the sandbox's user reaches its binds through here

@@ -1,5 +1,6 @@
-"""``gyre tasks check`` the way a user runs it: the shipped Harbor task set in bwrap, a broken
-task that passes untouched, a Harbor task refused by ``local``, and ``list``/``show``."""
+"""``gyre tasks check`` the way a user runs it: the shipped Harbor task set in bwrap and in podman, a
+broken task that passes untouched, a Harbor task refused by ``local``, docker refused in one line
+when no engine answers, and ``list``/``show``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
-from gyre_train.sandbox import bwrap_missing
+from gyre_train.sandbox import bwrap_missing, podman_missing
 from tests.acceptance.conftest import gyre
 from tests.real_servers import require
 
@@ -77,11 +76,22 @@ def test_jsonl_and_builtin_sources_pass_under_local() -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("kind", ["podman", "docker"])
-def test_container_kinds_are_refused_in_one_line(kind: str) -> None:
-    done = gyre("tasks", "check", str(HARBOR), "--sandbox", kind)
+def test_check_the_shipped_harbor_set_in_podman(tmp_path: Path) -> None:
+    require("podman", podman_missing())
+    out = tmp_path / "check.json"
+    done = gyre("tasks", "check", str(HARBOR), "--sandbox", "podman", "--json", str(out), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert (report["sandbox"], report["failed"]) == ("podman", 0)
+    assert all(t["untouched"] < 1.0 <= t["solved"] for t in report["tasks"]), report
+
+
+def test_docker_without_an_engine_is_refused_in_one_line(tmp_path: Path) -> None:
+    dead = f"unix://{tmp_path}/no-engine.sock"
+    done = gyre("tasks", "check", str(HARBOR), "--sandbox", "docker", env={"DOCKER_HOST": dead})
     assert done.returncode == 2
-    assert done.stderr.strip().endswith(f"sandbox kind {kind!r} is not implemented yet; use local or bwrap")
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no Docker engine answers at {dead}" in lines[0], done.stderr
 
 
 def test_list_and_show(tmp_path: Path) -> None:

@@ -104,8 +104,12 @@ def test_a_task_source_and_a_sandbox_are_read_and_checked() -> None:
             "tasks.source: .*/no/such/tasks: no such folder or file",
         ),
         ('[tasks]\nheldout_ids = ["x"]\n', "heldout_ids applies to a folder or .jsonl source only"),
-        ('[eval]\njudge = "engine:pool-0"\n', "a judge on one named engine is not implemented"),
-        ('[eval]\njudge = "ftp://judge"\n', r"eval.judge must be \"\", \"policy\" or an http\(s\) URL"),
+        (
+            '[eval]\njudge = "engine:pool-0"\n',
+            "a judge on the run's own policy or engines is not implemented",
+        ),
+        ('[eval]\njudge = "policy"\n', "a judge on the run's own policy or engines is not implemented"),
+        ('[eval]\njudge = "ftp://judge"\n', r"eval.judge must be \"\" or an http\(s\) URL"),
         ('[eval]\njudge = "http://127.0.0.1:9/v1"\n', "eval.judge_model: a URL judge needs the model name"),
     ],
     ids=[
@@ -114,6 +118,7 @@ def test_a_task_source_and_a_sandbox_are_read_and_checked() -> None:
         "missing-source",
         "heldout-ids-of-a-family",
         "judge-engine",
+        "judge-policy",
         "judge-scheme",
         "judge-model",
     ],

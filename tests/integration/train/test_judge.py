@@ -225,3 +225,36 @@ def test_a_judges_critique_of_an_asked_for_evaluation_goes_back_as_critique(
     assert [e.critique for e in stored] == [critique]
     # The proxy marks a tool result carrying this text as evaluator critique (never trained on).
     assert CritiqueBook(pg_log).refresh("j-e2") == frozenset({critique})
+
+
+def test_gyre_runs_evaluator_judges_rubric_tasks_by_a_url_judge_and_the_rest_by_their_tests(
+    pg_log: PostgresEventLog, server: JudgeServer, tmp_path: Path
+) -> None:
+    from gyre_tools.run_config import parse_config
+    from gyre_tools.serve import sourced_evaluators
+    from gyre_train.tasks import SandboxTestEvaluator, defined_tasks
+
+    harbor = Path(__file__).resolve().parents[2] / "fixtures" / "harbor"
+    config = parse_config(
+        f'[tasks]\nsource = "{harbor}"\n[sandbox]\nkind = "bwrap"\n'
+        f'[eval]\njudge = "{server.url}"\njudge_model = "judge-model"\njudge_key_env = "JUDGE_KEY"\n'
+    )
+    events = defined_tasks(str(harbor), RUN, train=3, heldout=0, seed=0, budget_s=60.0)
+    defined = {e.task_id: e for e in events}
+    evaluator_for, client = sourced_evaluators(config, pg_log, environ={"JUDGE_KEY": "sk-from-env"})
+    assert client is not None
+    try:
+        assert isinstance(evaluator_for(defined["fix-add"]), SandboxTestEvaluator)  # no rubric
+        judge = evaluator_for(defined["write-greeting"])
+        assert isinstance(judge, JudgeEvaluator)
+        workspace = _closed_execution(pg_log, "j-run", tmp_path / "ws")
+        runner = EvaluationRunner(pg_log, judge, EvaluationConfig(retry_delay_s=0))
+        runner.preserve("j-run", "v1", location=str(workspace))
+        outcome = runner.settle("j-run", deadline=float("inf"))
+    finally:
+        client.close()
+    assert (outcome.status, outcome.reward) == (RewardStatus.VALID, 0.6)
+    [request] = server.requests
+    assert server.headers[0]["Authorization"] == "Bearer sk-from-env"
+    rubric = (harbor / "write-greeting" / "rubric.md").read_text()
+    assert rubric.strip() in request["messages"][1]["content"]

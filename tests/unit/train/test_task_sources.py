@@ -349,12 +349,6 @@ def test_reward_files(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["podman", "docker"])
-def test_container_kinds_say_they_are_not_built(kind: str) -> None:
-    with pytest.raises(SandboxError, match="not implemented yet"):
-        sandbox_for(kind)
-
-
 def test_unknown_sandbox_kind() -> None:
     with pytest.raises(SandboxError, match="unknown sandbox kind 'vm'"):
         sandbox_for("vm")
@@ -378,5 +372,5 @@ def test_a_rubric_is_read_from_the_task_and_never_written_to_the_workspace(tmp_p
     [task] = open_source(str(tmp_path / "t.jsonl")).tasks
     assert task.rubric == "r"
     (tmp_path / "t.jsonl").write_text(json.dumps(line | {"rubric": 3}) + "\n")
-    with pytest.raises(TaskSourceError, match="t.jsonl:1: rubric: must be text"):
+    with pytest.raises(TaskSourceError, match=r"t\.jsonl:1: rubric: must be text"):
         open_source(str(tmp_path / "t.jsonl"))
