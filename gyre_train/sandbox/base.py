@@ -138,10 +138,17 @@ class Sandbox(ABC):
         raise SandboxError(f"the {self.kind} sandbox cannot start long-running processes")
 
 
+# The one GYRE_ variable a sandboxed command may hold: an execution's own proxy key, under the
+# name Codex's provider block reads it from (it opens nothing but that execution's proxy calls).
+EXECUTION_KEY_ENV = "GYRE_API_KEY"
+
+
 def minimal_env(home: str, declared: Mapping[str, str] | None) -> dict[str, str]:
-    """PATH, HOME, LANG and TMPDIR, then what the caller ``declared``; never a GYRE_ variable."""
+    """PATH, HOME, LANG and TMPDIR, then what the caller ``declared``; never a GYRE_ variable
+    but an execution's proxy key (``EXECUTION_KEY_ENV``)."""
     declared = dict(declared or {})
-    if run_settings := sorted(k for k in declared if k.upper().startswith("GYRE_")):
+    settings = (k for k in declared if k.upper().startswith("GYRE_") and k != EXECUTION_KEY_ENV)
+    if run_settings := sorted(settings):
         raise SandboxError(f"env: a sandboxed command may not be given gyre's own settings: {run_settings}")
     return {"PATH": DEFAULT_PATH, "HOME": home, "LANG": DEFAULT_LANG, "TMPDIR": "/tmp"} | declared
 

@@ -374,3 +374,12 @@ def test_a_rubric_is_read_from_the_task_and_never_written_to_the_workspace(tmp_p
     (tmp_path / "t.jsonl").write_text(json.dumps(line | {"rubric": 3}) + "\n")
     with pytest.raises(TaskSourceError, match=r"t\.jsonl:1: rubric: must be text"):
         open_source(str(tmp_path / "t.jsonl"))
+
+
+def test_a_sandboxed_command_holds_no_gyre_setting_but_its_execution_key() -> None:
+    from gyre_train.sandbox.base import minimal_env
+
+    env = minimal_env("/home/agent", {"GYRE_API_KEY": "gyre-k", "TASK": "1"})
+    assert (env["GYRE_API_KEY"], env["TASK"], env["HOME"]) == ("gyre-k", "1", "/home/agent")
+    with pytest.raises(SandboxError, match=r"gyre's own settings: \['GYRE_DATABASE_URL'\]"):
+        minimal_env("/home/agent", {"GYRE_API_KEY": "gyre-k", "GYRE_DATABASE_URL": "postgresql://x"})
