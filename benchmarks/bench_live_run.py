@@ -53,7 +53,7 @@ from pathlib import Path
 import engine_rate
 import live_costs
 import msgspec
-import psycopg
+from databases import fresh_database
 from live_costs import CostsFileError, RunCosts
 
 from gyre_sched import SimResult, predict_run
@@ -74,18 +74,6 @@ def _run(config_text: str, env: dict[str, str], folder: Path) -> str:
         raise SystemExit(f"gyre run exited {done.returncode}")
     print(f"gyre run took {time.monotonic() - began:.0f} s", flush=True)
     return str(json.loads((folder / "run.json").read_text())["run_id"])
-
-
-def _fresh_database() -> str:
-    """A new, migrated database on the machine's PostgreSQL (kept, so ``--run`` can read it)."""
-    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
-    name = f"gyre_bench_live_{int(time.time())}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = admin.rsplit("/", 1)[0] + "/" + name
-    migrate = [sys.executable, "-m", "gyre_tools.cli", "db", "upgrade"]
-    subprocess.run(migrate, cwd=ROOT, env={**os.environ, "GYRE_DATABASE_URL": url}, check=True)
-    return url
 
 
 def _predict(other: RunCosts | None, config: RunConfig, sim_seed: int) -> SimResult | None:
@@ -144,7 +132,7 @@ def main() -> None:
         before = _predict(other, config, args.sim_seed)
 
     env = {
-        "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or _fresh_database(),
+        "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or fresh_database("gyre_bench_live"),
         "GYRE_REDIS_URL": os.environ.get("GYRE_REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     print(f"database: {env['GYRE_DATABASE_URL']}", flush=True)
@@ -233,7 +221,7 @@ def _compare_engines(args: argparse.Namespace) -> None:
           "generated tokens per second over the rollout phase, same configuration and checkpoint",
           flush=True)  # fmt: skip
     env = {
-        "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or _fresh_database(),
+        "GYRE_DATABASE_URL": os.environ.get("GYRE_DATABASE_URL") or fresh_database("gyre_bench_live"),
         "GYRE_REDIS_URL": os.environ.get("GYRE_REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
     print(f"database: {env['GYRE_DATABASE_URL']}", flush=True)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -142,3 +143,27 @@ def gyre_run(
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + logs
     return out
+
+
+def run_events(database_url: str, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every event of run ``run_id`` and of its side runs (``<run>~...``), in log order, as
+    (event type, body)."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT event_type, body FROM gyre_events WHERE body->>'run_id' LIKE %s ORDER BY position",
+            (run_id + "%",),
+        ).fetchall()
+    return [(str(t), dict(b)) for t, b in rows]
+
+
+def sandbox_run_folder(prefix: str, config: str) -> Path:
+    """A run folder holding ``run.toml``, outside pytest's private tmp_path: a sandbox's
+    unprivileged user must reach the run's folders."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o755)
+    (folder / "run.toml").write_text(config)
+    return folder

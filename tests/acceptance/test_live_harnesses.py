@@ -14,19 +14,17 @@ a harness (``GYRE_TEST_SKIP_HARNESSES=1``).
 from __future__ import annotations
 
 import json
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from gyre_proxy.harness import plugin_for
 from gyre_train.sandbox import bwrap_missing
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env
+from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_run_folder
 from tests.real_servers import harness_binary, require
 
 pytestmark = pytest.mark.timeout(1500)  # a live run of real processes with a real harness
@@ -85,26 +83,20 @@ def harness_run(request: pytest.FixtureRequest, acceptance_template: str) -> Any
     installer, variable = HARNESSES[harness]
     binary = harness_binary(harness.replace("-", "_"), ROOT / installer)
     require("bwrap", bwrap_missing())
-    folder = Path(tempfile.mkdtemp(prefix=f"gyre-{harness}-run-"))
-    folder.chmod(0o755)  # the sandbox's user reaches the run's folders through here
-    (folder / "run.toml").write_text(config(harness))
+    folder = sandbox_run_folder(f"gyre-{harness}-run-", config(harness))
     with pg.database_from(acceptance_template) as url:
-        env = live_run_env(url, folder / "data", **{variable: binary})
-        gyre_run(folder, env, timeout=1300)
+        gyre_run(folder, live_run_env(url, folder / "data", **{variable: binary}), timeout=1300)
         summary = json.loads((folder / "run.json").read_text())
-        with psycopg.connect(url) as conn:
-            rows = conn.execute(
-                "SELECT event_type, body FROM gyre_events WHERE body->>'run_id' LIKE %s ORDER BY position",
-                (summary["run_id"] + "%",),
-            ).fetchall()
         run_dir = folder / "data" / "runs" / summary["run_id"]
-        yield Run(harness, summary, [(str(t), dict(b)) for t, b in rows], run_dir)
+        yield Run(harness, summary, run_events(url, summary["run_id"]), run_dir)
 
 
 def test_every_execution_ran_its_harness_in_a_sandbox_and_was_recorded(harness_run: Run) -> None:
     finished = {b["execution_id"]: b for t, b in harness_run.events if t == "execution.finished"}
     calls = Counter(b["execution_id"] for t, b in harness_run.events if t == "model_call.recorded")
-    group_of = {b["execution_id"]: b["group_id"] for t, b in harness_run.events if t == "execution.dispatched"}
+    group_of = {
+        b["execution_id"]: b["group_id"] for t, b in harness_run.events if t == "execution.dispatched"
+    }
     trained = {b["group_id"] for t, b in harness_run.events if t == "group.consumed"}
     assert sum(group_of.get(e) in trained for e in finished) == 2, finished
     for execution_id, body in finished.items():

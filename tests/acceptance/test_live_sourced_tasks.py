@@ -13,19 +13,17 @@ Fails when bubblewrap is missing; ``GYRE_TEST_SKIP_BWRAP=1`` skips it instead.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from gyre_train.sandbox import bwrap_missing
 from gyre_train.tasks import open_source
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env
+from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_run_folder
 from tests.real_servers import require
 
 pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
@@ -71,20 +69,11 @@ def sourced_run(acceptance_template: str) -> Any:
     from tests import pg
 
     require("bwrap", bwrap_missing())
-    # The sandbox's unprivileged user must reach the run's folders: pytest's tmp_path is private.
-    folder = Path(tempfile.mkdtemp(prefix="gyre-sourced-run-"))
-    folder.chmod(0o755)
-    (folder / "run.toml").write_text(CONFIG)
+    folder = sandbox_run_folder("gyre-sourced-run-", CONFIG)
     with pg.database_from(acceptance_template) as url:
-        env = live_run_env(url, folder / "data")
-        gyre_run(folder, env)
+        gyre_run(folder, live_run_env(url, folder / "data"))
         summary = json.loads((folder / "run.json").read_text())
-        with psycopg.connect(url) as conn:
-            rows = conn.execute(
-                "SELECT event_type, body FROM gyre_events WHERE body->>'run_id' LIKE %s ORDER BY position",
-                (summary["run_id"] + "%",),
-            ).fetchall()
-        yield Run(url, summary, [(str(t), dict(b)) for t, b in rows], folder)
+        yield Run(url, summary, run_events(url, summary["run_id"]), folder)
 
 
 def test_the_tasks_are_recorded_by_reference_to_the_source(sourced_run: Run) -> None:
