@@ -2,8 +2,9 @@
 harnesses started in the run's sandbox kind, and tests run in the same kind.
 
 Under ``local`` the harness runs on the host as it always has (``sandboxed`` is False); only
-workspaces of sourced tasks are written here. Under ``bwrap`` (and the container kinds) each
-harness runs in a sandbox of its own: the workspace writable at the task's working directory, a
+workspaces of sourced tasks are written here. Under ``bwrap``, ``podman`` and ``docker`` each
+harness runs in a sandbox of its own (a container kind's in the task's image, its Dockerfile
+built, as its tests): the workspace writable at the task's working directory, a
 private HOME at ``/home/agent``, the harness's program read-only, the environment the harness
 needs and nothing of the launcher's, limits on processes, file size and CPU time, and one
 network route: the proxy's port, relayed through a unix socket (``gyre_train.sandbox.relay``).
@@ -22,7 +23,7 @@ from gyre_proxy.launch import ExecutionDirs, LaunchError, Placed
 from gyre_store import TaskDefined
 from gyre_train import GyreTrainError
 from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, UnixRelay, sandbox_for
-from gyre_train.tasks import DEFAULT_WORKDIR, TaskFiles, limits_for
+from gyre_train.tasks import DEFAULT_WORKDIR, TaskFiles, limits_for, sandbox_for_task
 
 HOME = "/home/agent"
 SANDBOX_PYTHON = "/usr/bin/python3"  # the host's own, seen through the sandbox's read-only /usr
@@ -84,16 +85,22 @@ class SandboxPlacement:
             env["PYTHONDONTWRITEBYTECODE"] = "1"
             binds += [Bind(p, str(p)) for p in _python_binds()]
         limits = HARNESS_LIMITS
+        sandbox = self._sandbox
         if task.source:
-            limits = limits_for(self.files.task(task), task.budget_s)
+            sourced = self.files.task(task)
+            limits = limits_for(sourced, task.budget_s)
             limits = Limits(processes=limits.processes, file_size_mb=limits.file_size_mb, cpu_s=limits.cpu_s)
+            try:  # under podman and docker the harness runs in the task's image, as its tests do
+                sandbox = sandbox_for_task(sourced, sandbox)
+            except GyreTrainError as exc:
+                raise LaunchError(f"sandbox {self.kind}: task {task.task_id}: {exc}") from exc
         binds = [
             Bind(dirs.workspace, str(workdir), writable=True),
             Bind(dirs.home, str(home), writable=True),
             *binds,
         ]
         try:
-            prepared = self._sandbox.prepare(
+            prepared = sandbox.prepare(
                 argv, workdir=str(workdir), name=name, binds=binds, env=env, limits=limits, route=self._route
             )
         except GyreTrainError as exc:

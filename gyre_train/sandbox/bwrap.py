@@ -31,7 +31,7 @@ from gyre_train.sandbox.base import (
     minimal_env,
     run_group,
 )
-from gyre_train.sandbox.relay import INSIDE_SCRIPT
+from gyre_train.sandbox.relay import INSIDE_SCRIPT, check_route, route_binds, routed
 
 NOBODY = 65534
 ROOT_LINKS = ("bin", "lib", "lib64", "sbin")  # merged-/usr links (or folders) of the host root
@@ -46,11 +46,6 @@ ETC_FILES = (
     "alternatives",
     "hosts",
 )
-ROUTE_DIR = "/run/gyre"  # the route socket's folder, as the sandbox sees it
-FORWARDER = "/run/gyre-forward.py"  # relay_inside.py, as the sandbox sees it
-# $1 port, $2 socket, $3 name, then the command: the forwarder returns once the port listens;
-# isolated (-I), so that the command's PYTHONPATH cannot shadow the forwarder's standard library
-ROUTE_SH = f'/usr/bin/python3 -I {FORWARDER} "$1" "$2" $$ "$3" || exit 1; shift 3; exec "$@"'
 
 
 def bwrap_missing() -> str | None:
@@ -102,19 +97,16 @@ class BwrapSandbox(Sandbox):
         limits: Limits = NO_LIMITS,
         route: ProxyRoute | None = None,
     ) -> Prepared:
-        """``run``'s sandbox for a long-running command, plus the route: the route socket's
-        folder read-only at ``ROUTE_DIR``, the forwarder at ``FORWARDER``, and ``command``
-        started by ``ROUTE_SH`` once ``127.0.0.1:port`` listens. Nothing outlives the process
-        group: bwrap dies with it (its child has ``--die-with-parent``), and with bwrap's init
-        the kernel kills every process of the sandbox's pid namespace, the forwarder's too."""
+        """``run``'s sandbox for a long-running command, plus the route: ``relay.route_binds``,
+        and ``command`` started by ``relay.routed`` once ``127.0.0.1:port`` listens, the
+        forwarder outside ``prlimit``. Nothing outlives the process group: bwrap dies with it
+        (its child has ``--die-with-parent``), and with bwrap's init the kernel kills every
+        process of the sandbox's pid namespace, the forwarder's too."""
         inner = [*limits.prlimit(), *command]
         extra: list[str] = []
         if route is not None:
             extra = self._route_binds(route)
-            socket = f"{ROUTE_DIR}/{route.socket.name}"
-            # the forwarder is started outside prlimit: a fork bomb at the process limit, or a
-            # CPU limit reached, must not take the route of the rest of the sandbox with it
-            inner = ["/bin/sh", "-c", ROUTE_SH, f"gyre-route {name}", str(route.port), socket, name, *inner]
+            inner = routed(inner, route, name)
         argv = self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
         return Prepared(tuple(argv), _host_env())
 
@@ -156,19 +148,11 @@ class BwrapSandbox(Sandbox):
         return [*argv, "--", *inner]
 
     def _route_binds(self, route: ProxyRoute) -> list[str]:
-        if not 0 < route.port < 65536:
-            raise SandboxError(f"route: port {route.port} is not a TCP port")
-        try:
-            served = stat.S_ISSOCK(route.socket.stat().st_mode)
-        except OSError:
-            served = False
-        if not served:
-            raise SandboxError(f"route: no socket at {route.socket}; start its relay (UnixRelay) first")
+        check_route(route)
         if self._drop:
             _check_reachable(route.socket.parent, self._uid, what="route")
             _check_reachable(INSIDE_SCRIPT, self._uid, what="route")
-        # read-only is enough to connect to a socket, and keeps the folder the host's alone
-        return ["--ro-bind", str(route.socket.parent), ROUTE_DIR, "--ro-bind", str(INSIDE_SCRIPT), FORWARDER]
+        return self._binds(route_binds(route))
 
     def _prefix(self) -> list[str]:
         if not self._drop:

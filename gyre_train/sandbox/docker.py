@@ -47,6 +47,7 @@ from gyre_train.sandbox.images import (
     BASE_IMAGE,
     SETUP,
     ContainerSandbox,
+    Harness,
     check_binds,
     container_env,
     container_name,
@@ -76,11 +77,15 @@ def create_kwargs(
     binds: Sequence[Bind] = (),
     env: Mapping[str, str] | None = None,
     limits: Limits = NO_LIMITS,
+    harness: Harness | None = None,
 ) -> dict[str, Any]:
-    """Arguments of ``containers.create`` for ``command`` in a new container ``name`` of ``image``."""
+    """Arguments of ``containers.create`` for ``command`` in a new container ``name`` of ``image``;
+    a ``harness`` (``prepare``'s) adds a read-only root with a tmpfs ``/tmp``, and the route."""
+    if harness is not None:
+        binds = harness.binds(binds)
     kwargs: dict[str, Any] = {
         "image": image,
-        "command": in_container(command, limits),
+        "command": in_container(command, limits) if harness is None else harness.command(command, limits),
         "entrypoint": [],
         "name": name,
         "working_dir": workdir,
@@ -93,6 +98,11 @@ def create_kwargs(
         kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{limits.memory_mb}m"
     if limits.processes is not None:
         kwargs["pids_limit"] = limits.processes
+    if harness is not None:
+        kwargs["read_only"] = True
+        kwargs["tmpfs"] = {"/tmp": Harness.tmp_options(limits)}
+        if limits.processes is not None:
+            kwargs["pids_limit"] = harness.pids_limit(limits.processes, init=False)
     return kwargs
 
 
@@ -182,9 +192,12 @@ class DockerSandbox(ContainerSandbox):
         limits: Limits = NO_LIMITS,
         route: ProxyRoute | None = None,
     ) -> Prepared:
-        check_binds(workdir, binds)
-        if route is not None:
-            raise SandboxError("the docker sandbox cannot relay a proxy route yet")
+        """``run``'s container for a long-running command, shaped by ``Harness`` (a read-only
+        root with a tmpfs ``/tmp``, the route when given), run by ``attach`` in a process of its
+        own; ``cleanup`` removes the container, and every process in it."""
+        harness = Harness(name, route)
+        harness.check()
+        check_binds(workdir, harness.binds(binds))
         container = container_name(name)
         spec = {
             "image": self.image,
@@ -194,6 +207,7 @@ class DockerSandbox(ContainerSandbox):
             "binds": [[str(b.source), b.target, b.writable] for b in binds],
             "env": dict(env or {}),
             "limits": [limits.memory_mb, limits.cpu_s, limits.processes, limits.file_size_mb],
+            "harness": [name, None if route is None else [str(route.socket), route.port]],
         }
         argv = (sys.executable, "-m", "gyre_train.sandbox.docker", "attach", self.base_url, json.dumps(spec))
         env_out = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "HOME": os.environ.get("HOME", "/root")}
@@ -264,6 +278,8 @@ def attach(base_url: str, spec: dict[str, Any]) -> int:
     its exit status; on SIGTERM or SIGINT remove it (killing what runs in it) and return 143."""
     memory_mb, cpu_s, processes, file_size_mb = spec["limits"]
     binds = [Bind(Path(source), target, writable) for source, target, writable in spec["binds"]]
+    name, route = spec["harness"]
+    harness = Harness(name, None if route is None else ProxyRoute(Path(route[0]), route[1]))
     kwargs = create_kwargs(
         spec["image"],
         spec["command"],
@@ -272,6 +288,7 @@ def attach(base_url: str, spec: dict[str, Any]) -> int:
         binds=binds,
         env=spec["env"],
         limits=Limits(memory_mb, cpu_s, processes, file_size_mb),
+        harness=harness,
     )
     client = docker.DockerClient(base_url=base_url, version=API_VERSION, timeout=API_TIMEOUT_S)
     container = client.containers.create(**kwargs)

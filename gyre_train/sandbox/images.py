@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Self
 
 from gyre_train.exceptions import SandboxError
-from gyre_train.sandbox.base import Bind, Limits, Sandbox, minimal_env
+from gyre_train.sandbox.base import Bind, Limits, ProxyRoute, Sandbox, minimal_env
+from gyre_train.sandbox.relay import check_route, route_binds, routed
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,48 @@ def in_container(command: Sequence[str], limits: Limits) -> list[str]:
     if not command:
         raise SandboxError("command: empty")
     return [*replace(limits, memory_mb=None, processes=None).prlimit(), *command]
+
+
+@dataclass(frozen=True, slots=True)
+class Harness:
+    """What a prepared (long-running) container has that a one-off run's has not: ``name``, the
+    execution's, marking its processes; the ``route`` to the proxy, if any; and, as under bwrap,
+    a read-only root file system with a fresh ``/tmp`` no larger than the file-size limit (a
+    container's own writable layer lies on the host's disk, with no limit on its total).
+
+    A container's process and memory limits are its cgroup's and hold every process in it, the
+    forwarder's too: ``pids_limit`` adds the container's own helpers to what the command gets.
+    """
+
+    name: str
+    route: ProxyRoute | None = None
+
+    def check(self) -> None:
+        """Raise SandboxError when the route's socket is not served (``relay.check_route``)."""
+        if self.route is not None:
+            check_route(self.route)
+
+    def binds(self, binds: Sequence[Bind]) -> list[Bind]:
+        """The caller's binds, then the route's (``relay.route_binds``)."""
+        return [*binds, *(route_binds(self.route) if self.route is not None else ())]
+
+    def command(self, command: Sequence[str], limits: Limits) -> list[str]:
+        """``in_container(command, limits)``, started behind the route's forwarder when there is
+        one (``relay.routed``): the forwarder is outside ``prlimit``, as under bwrap."""
+        inner = in_container(command, limits)
+        return inner if self.route is None else routed(inner, self.route, self.name)
+
+    def pids_limit(self, processes: int, *, init: bool) -> int:
+        """The cgroup's process limit for a command allowed ``processes``: plus the engine's init
+        process (``init``) and the forwarder, so that neither takes from the command's share."""
+        return processes + int(init) + int(self.route is not None)
+
+    @staticmethod
+    def tmp_options(limits: Limits) -> str:
+        """The options of the tmpfs at ``/tmp``: executable like bwrap's, as large as the
+        file-size limit (without one, the kernel's default for a tmpfs: half the host's memory)."""
+        size = "" if limits.file_size_mb is None else f",size={limits.file_size_mb}m"
+        return f"rw,exec,nosuid,nodev,mode=1777{size}"
 
 
 def container_env(workdir: str, env: Mapping[str, str] | None) -> dict[str, str]:

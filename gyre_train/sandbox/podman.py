@@ -36,6 +36,7 @@ from gyre_train.sandbox.images import (
     BASE_IMAGE,
     SETUP,
     ContainerSandbox,
+    Harness,
     check_binds,
     container_env,
     container_name,
@@ -82,20 +83,35 @@ def run_args(
     binds: Sequence[Bind] = (),
     env: Mapping[str, str] | None = None,
     limits: Limits = NO_LIMITS,
+    harness: Harness | None = None,
 ) -> list[str]:
     """``podman run`` arguments (after the global flags) for ``command`` in a new container
-    ``name`` of ``image``, removed when it ends. Raises SandboxError for an empty command."""
+    ``name`` of ``image``, removed when it ends; a ``harness`` (``prepare``'s) adds an init, a
+    read-only root with a tmpfs ``/tmp``, and the route. Raises SandboxError for an empty
+    command."""
     args = ["run", "--rm", "--name", name, "--network", "none", "--unsetenv-all"]
     args += ["--security-opt", "no-new-privileges", "--pull", "never", "--entrypoint", "", "-w", workdir]
+    if harness is not None:
+        # an init as PID 1 passes on the signals podman forwards (a PID 1 without handlers ignores them)
+        args += [
+            "--init",
+            "--read-only",
+            "--read-only-tmpfs=false",
+            "--tmpfs",
+            f"/tmp:{Harness.tmp_options(limits)}",
+        ]
+        binds = harness.binds(binds)
     if limits.memory_mb is not None:  # swap as large as memory: none beyond it
         args += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
     if limits.processes is not None:
-        args += ["--pids-limit", str(limits.processes)]
+        pids = limits.processes if harness is None else harness.pids_limit(limits.processes, init=True)
+        args += ["--pids-limit", str(pids)]
     for bind in binds:
         args += ["-v", f"{bind.source}:{bind.target}" + ("" if bind.writable else ":ro")]
     for key, value in container_env(workdir, env).items():
         args += ["--env", f"{key}={value}"]
-    return [*args, image, *in_container(command, limits)]
+    inner = in_container(command, limits) if harness is None else harness.command(command, limits)
+    return [*args, image, *inner]
 
 
 class PodmanSandbox(ContainerSandbox):
@@ -155,15 +171,23 @@ class PodmanSandbox(ContainerSandbox):
         limits: Limits = NO_LIMITS,
         route: ProxyRoute | None = None,
     ) -> Prepared:
-        check_binds(workdir, binds)
-        if route is not None:
-            raise SandboxError("the podman sandbox cannot relay a proxy route yet")
+        """``run``'s container for a long-running command, shaped by ``Harness``: an init, a
+        read-only root with a tmpfs ``/tmp``, the route when given. Killing the ``podman run``
+        client leaves the container running: ``cleanup`` removes it, and every process in it."""
+        harness = Harness(name, route)
+        harness.check()
+        check_binds(workdir, harness.binds(binds))
         container = container_name(name)
         args = run_args(
-            self.image, command, name=container, workdir=workdir, binds=binds, env=env, limits=limits
+            self.image,
+            command,
+            name=container,
+            workdir=workdir,
+            binds=binds,
+            env=env,
+            limits=limits,
+            harness=harness,
         )
-        # an init as PID 1 passes on the signals podman forwards (a PID 1 without handlers ignores them)
-        args.insert(1, "--init")
         return Prepared(("podman", *GLOBAL_FLAGS, *args), self._env, lambda: self.remove(container))
 
     def remove(self, name: str) -> None:

@@ -1,7 +1,8 @@
 """The host's end of the proxy route (``ProxyRoute``): ``UnixRelay`` serves a unix socket a
 sandbox may connect to and forwards each connection to the proxy's TCP address, both ways, in
 one daemon thread. The sandbox's end is ``INSIDE_SCRIPT``, a standalone forwarder the sandbox
-runs on ``127.0.0.1:port`` of its own network namespace (``relay_inside``).
+runs on ``127.0.0.1:port`` of its own network namespace (``relay_inside``); ``route_binds`` and
+``routed`` are how every confined kind (bwrap, podman, docker) shows it and starts it.
 
 A unix socket, not a TCP port, crosses the sandbox boundary: a bind mount of its folder is all
 a sandbox needs, and its network namespace keeps nothing but loopback.
@@ -15,18 +16,57 @@ import os
 import socket
 import stat
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox import relay_inside
+from gyre_train.sandbox.base import Bind, ProxyRoute
 from gyre_train.sandbox.relay_inside import Pump
 
 INSIDE_SCRIPT = Path(relay_inside.__file__).resolve()
 SOCKET_MODE = 0o666  # the sandbox's unprivileged user (nobody) connects to it
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with its NUL
 JOIN_S = 5.0
+ROUTE_DIR = "/run/gyre"  # the route socket's folder, as the sandbox sees it
+FORWARDER = "/run/gyre-forward.py"  # relay_inside.py, as the sandbox sees it
+SANDBOX_PYTHON = "/usr/bin/python3"  # the forwarder's interpreter, as the sandbox sees it
+# $1 port, $2 socket, $3 name, then the command: the forwarder returns once the port listens;
+# isolated (-I), so that the command's PYTHONPATH cannot shadow the forwarder's standard library
+ROUTE_SH = (
+    f'[ -x {SANDBOX_PYTHON} ] || {{ echo "gyre: the proxy route needs {SANDBOX_PYTHON} in the sandbox" >&2; exit 1; }}; '
+    f'{SANDBOX_PYTHON} -I {FORWARDER} "$1" "$2" $$ "$3" || exit 1; shift 3; exec "$@"'
+)
+
+
+def check_route(route: ProxyRoute) -> None:
+    """Raise SandboxError unless ``route`` names a TCP port and a socket that is served now."""
+    if not 0 < route.port < 65536:
+        raise SandboxError(f"route: port {route.port} is not a TCP port")
+    try:
+        served = stat.S_ISSOCK(route.socket.stat().st_mode)
+    except OSError:
+        served = False
+    if not served:
+        raise SandboxError(f"route: no socket at {route.socket}; start its relay (UnixRelay) first")
+
+
+def route_binds(route: ProxyRoute) -> list[Bind]:
+    """The socket's folder at ``ROUTE_DIR`` and the forwarder at ``FORWARDER``, both read-only:
+    connecting to a socket needs no write access to its file system, and the folder stays the
+    host's alone."""
+    return [Bind(route.socket.parent, ROUTE_DIR), Bind(INSIDE_SCRIPT, FORWARDER)]
+
+
+def routed(command: Sequence[str], route: ProxyRoute, name: str) -> list[str]:
+    """``command`` (its limits already applied) started by ``ROUTE_SH`` once the forwarder
+    listens on ``127.0.0.1:port``. The forwarder itself runs outside the command's ``prlimit``:
+    a fork bomb at the process limit, or a CPU limit reached, must not take the route of the
+    rest of the sandbox with it. ``name`` marks both processes for ``ps``."""
+    socket_path = f"{ROUTE_DIR}/{route.socket.name}"
+    return ["/bin/sh", "-c", ROUTE_SH, f"gyre-route {name}", str(route.port), socket_path, name, *command]
 
 
 class UnixRelay:

@@ -1,5 +1,6 @@
-"""A live run on a Harbor task folder with its harnesses and tests in bwrap sandboxes: `gyre run
---config` with `[tasks] source` and `[sandbox] kind = "bwrap"`, the way a user brings their tasks.
+"""A live run on a Harbor task folder with its harnesses and tests in sandboxes: `gyre run
+--config` with `[tasks] source` and `[sandbox] kind = "bwrap"`, then `"podman"`, the way a user
+brings their tasks.
 
 One small run (an untrained policy: the machinery, not learning, is what these tests hold)
 serves every test of the module: the tasks are recorded by reference, each workspace is written
@@ -7,7 +8,8 @@ from the task's files, every execution's harness runs in its own sandbox and rea
 through the relay (its model calls are recorded), its preserved work is scored by the task's own
 tests in a sandbox (reward.json's partial credit included), and the run trains on the groups.
 
-Fails when bubblewrap is missing; ``GYRE_TEST_SKIP_BWRAP=1`` skips it instead.
+Fails when bubblewrap, or podman and its base image, is missing; ``GYRE_TEST_SKIP_BWRAP=1`` and
+``GYRE_TEST_SKIP_PODMAN=1`` skip them instead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gyre_train.sandbox import bwrap_missing
+from gyre_train.sandbox import BASE_IMAGE, PodmanSandbox, bwrap_missing, podman_missing
 from gyre_train.tasks import open_source
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_run_folder
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
 HARBOR = ROOT / "tests" / "fixtures" / "harbor"
 NOBODY = 65534  # the sandbox's user: a workspace it wrote is handed to it
 
-CONFIG = f"""
+CONFIG = """
 seed = 5
 steps = 1
 policy = "async"
@@ -52,28 +54,37 @@ skip_zero_advantage = false  # an untrained policy's groups are often all zero: 
 source = "{HARBOR}"
 heldout_ids = ["write-greeting"]
 [sandbox]
-kind = "bwrap"
+kind = "{KIND}"
 """
 
 
 @dataclass(frozen=True)
 class Run:
+    kind: str
     database_url: str
     summary: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]]
     folder: Path
 
 
-@pytest.fixture(scope="module")
-def sourced_run(acceptance_template: str) -> Any:
+@pytest.fixture(scope="module", params=["bwrap", "podman"])
+def sourced_run(request: pytest.FixtureRequest, acceptance_template: str) -> Any:
     from tests import pg
 
-    require("bwrap", bwrap_missing())
-    folder = sandbox_run_folder("gyre-sourced-run-", CONFIG)
+    kind: str = request.param
+    require(kind, bwrap_missing() if kind == "bwrap" else _podman_missing())
+    folder = sandbox_run_folder(f"gyre-sourced-{kind}-", CONFIG.format(HARBOR=HARBOR, KIND=kind))
     with pg.database_from(acceptance_template) as url:
         gyre_run(folder, live_run_env(url, folder / "data"))
         summary = json.loads((folder / "run.json").read_text())
-        yield Run(url, summary, run_events(url, summary["run_id"]), folder)
+        yield Run(kind, url, summary, run_events(url, summary["run_id"]), folder)
+
+
+def _podman_missing() -> str | None:
+    missing = podman_missing()
+    if missing is None and not PodmanSandbox().has_image(BASE_IMAGE):
+        missing = f"the base image {BASE_IMAGE} is missing: run tools/podman_setup.sh"
+    return missing
 
 
 def test_the_tasks_are_recorded_by_reference_to_the_source(sourced_run: Run) -> None:
@@ -106,15 +117,17 @@ def test_every_execution_ran_in_a_sandbox_and_reached_the_proxy(sourced_run: Run
         assert calls[execution_id] >= 1, f"{execution_id} recorded no model call: {body['detail']}"
     workspaces = sorted((_run_dir(sourced_run) / "workspaces").glob("*/workspace"))
     assert len(workspaces) == len(finished)
-    for workspace in workspaces:
-        assert workspace.stat().st_uid == NOBODY  # written by the sandbox's user, not the host's root
+    if sourced_run.kind == "bwrap":
+        for workspace in workspaces:
+            assert workspace.stat().st_uid == NOBODY  # written by the sandbox's user, not the host's root
     assert not [line for line in _launcher_log(sourced_run) if "not started" in line]
 
 
 def test_preserved_work_is_scored_by_the_tasks_own_tests_in_the_sandbox(sourced_run: Run) -> None:
     recorded = [b for t, b in sourced_run.events if t == "evaluation.recorded"]
-    assert recorded and all(b["evaluator"] == "tests:bwrap" for b in recorded)
-    assert all(b["status"] == "valid" and " in bwrap, " in b["detail"] for b in recorded)
+    kind = sourced_run.kind
+    assert recorded and all(b["evaluator"] == f"tests:{kind}" for b in recorded)
+    assert all(b["status"] == "valid" and f" in {kind}, " in b["detail"] for b in recorded)
     task_of = {
         b["execution_id"]: b["task_id"] for t, b in sourced_run.events if t == "execution.start_requested"
     }

@@ -308,3 +308,34 @@ def test_prepared_container_runs_and_its_cleanup_leaves_none(
     proc.communicate(timeout=60)
     cleanup()  # type: ignore[operator]
     assert _gyre_containers() == []
+
+
+def test_a_sourced_tasks_harness_runs_in_the_tasks_image(podman: PodmanSandbox, area: Path) -> None:
+    """gyre run's placement starts a harness in the image its tests run in: the task's Dockerfile
+    built (fix-add's), not the base image, with the route to the proxy."""
+    from gyre_proxy.harness import LaunchSpec
+    from gyre_proxy.launch import ExecutionDirs
+    from gyre_tools.placement import SandboxPlacement
+    from gyre_train.tasks import defined_tasks
+
+    events = {
+        e.task_id: e for e in defined_tasks(str(HARBOR), "run-x", train=0, heldout=0, seed=0, budget_s=60)
+    }
+    dirs = ExecutionDirs(area / "exec")
+    for folder in (dirs.workspace, dirs.home):
+        folder.mkdir(parents=True)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    placement = SandboxPlacement("podman", proxy_url=f"http://127.0.0.1:{port}", relay_dir=area / "relay")
+    try:
+        built = placement.files.task(events["fix-add"])
+        image = podman.image_for(built.dockerfile, built.image)
+        assert image.startswith("localhost/gyre-task:")
+        placed = placement.place(LaunchSpec(("sh", "-c", "true")), events["fix-add"], dirs, "place-x")
+        assert image in placed.argv and BASE_IMAGE not in placed.argv
+        assert "gyre-route place-x" in placed.argv  # started behind the route's forwarder
+        plain = placement.place(LaunchSpec(("sh", "-c", "true")), events["binary-digest"], dirs, "place-y")
+        assert BASE_IMAGE in plain.argv  # no Dockerfile, no image named: the base image
+    finally:
+        placement.close()

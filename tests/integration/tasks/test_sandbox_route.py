@@ -30,8 +30,7 @@ import pytest
 
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox import Bind, BwrapSandbox, Limits, LocalSandbox, Prepared, ProxyRoute, bwrap_missing
-from gyre_train.sandbox.bwrap import FORWARDER
-from gyre_train.sandbox.relay import UnixRelay
+from gyre_train.sandbox.relay import FORWARDER, UnixRelay
 from tests.real_servers import require
 
 CHUNKS = 5
