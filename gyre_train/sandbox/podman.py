@@ -17,6 +17,7 @@ import copy
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
@@ -149,7 +150,10 @@ class PodmanSandbox(ContainerSandbox):
         ]
         ended = False
         try:
-            result = run_group(argv, cwd=None, env=self._env, timeout_s=timeout_s)
+            with tempfile.TemporaryDirectory(prefix="gyre-podman-") as scratch:
+                # podman's conmon leaves an empty file "oom" in its working folder when the
+                # container's memory limit is hit: a scratch folder, not the caller's
+                result = run_group(argv, cwd=Path(scratch), env=self._env, timeout_s=timeout_s)
             ended = not result.timed_out and 0 <= result.exit_code < 125
         finally:
             if not ended:  # the client was killed (or failed): the container may live on
@@ -188,7 +192,15 @@ class PodmanSandbox(ContainerSandbox):
             limits=limits,
             harness=harness,
         )
-        return Prepared(("podman", *GLOBAL_FLAGS, *args), self._env, lambda: self.remove(container))
+        # started in a scratch folder of its own (``run``'s reason), removed by the cleanup
+        scratch = Path(tempfile.mkdtemp(prefix="gyre-podman-"))
+
+        def cleanup() -> None:
+            self.remove(container)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+        argv = ("env", f"--chdir={scratch}", "podman", *GLOBAL_FLAGS, *args)
+        return Prepared(argv, self._env, cleanup)
 
     def remove(self, name: str) -> None:
         """Remove container ``name`` now, killing what runs in it; nothing if there is none."""

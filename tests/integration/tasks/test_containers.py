@@ -63,6 +63,7 @@ def docker_url(podman: PodmanSandbox) -> Iterator[str]:
     service = subprocess.Popen(
         ["podman", *GLOBAL_FLAGS, "system", "service", "--time=0", url],
         env=podman_env(),
+        cwd=folder,  # conmon leaves a file "oom" in its working folder when a container hits its memory
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -337,5 +338,7 @@ def test_a_sourced_tasks_harness_runs_in_the_tasks_image(podman: PodmanSandbox, 
         assert "gyre-route place-x" in placed.argv  # started behind the route's forwarder
         plain = placement.place(LaunchSpec(("sh", "-c", "true")), events["binary-digest"], dirs, "place-y")
         assert BASE_IMAGE in plain.argv  # no Dockerfile, no image named: the base image
+        for done in (placed, plain):
+            done.cleanup()  # never started: only their scratch folders to remove
     finally:
         placement.close()
