@@ -1,5 +1,6 @@
-"""Claude Code and Codex, unmodified, under `gyre run`: each harness in a bwrap sandbox of its own
-on a Harbor task folder, for one step on the reference engine.
+"""Claude Code and Codex, unmodified, under `gyre run`: each harness in a sandbox of its own on a
+Harbor task folder, for one step on the reference engine. Claude Code runs under bwrap, Codex
+under podman (in the task's image), so that one run per harness covers both confined ways.
 
 One run per harness (an untrained policy: the machinery, not learning, is what these tests
 hold): every execution started its harness in a sandbox that reaches only the proxy, recorded
@@ -7,8 +8,9 @@ its model calls, was evaluated by the task's tests in a sandbox and was trained 
 check that refuses a context too small for a harness's first request is tested in
 tests/unit/test_run_config.py.
 
-Fails when bubblewrap is missing (``GYRE_TEST_SKIP_BWRAP=1`` skips it) or when npm cannot install
-a harness (``GYRE_TEST_SKIP_HARNESSES=1``).
+Fails when bubblewrap, or podman and its base image, is missing (``GYRE_TEST_SKIP_BWRAP=1``,
+``GYRE_TEST_SKIP_PODMAN=1`` skip them) or when npm cannot install a harness
+(``GYRE_TEST_SKIP_HARNESSES=1``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 
 from gyre_proxy.harness import plugin_for
-from gyre_train.sandbox import bwrap_missing
+from gyre_train.sandbox import BASE_IMAGE, PodmanSandbox, bwrap_missing, podman_missing
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_run_folder
 from tests.real_servers import harness_binary, require
@@ -32,13 +34,13 @@ pytestmark = pytest.mark.timeout(1500)  # a live run of real processes with a re
 HARBOR = ROOT / "tests" / "fixtures" / "harbor"
 NOBODY = 65534
 HARNESSES = {
-    # harness: (installer, the launcher's variable naming the binary)
-    "claude-code": ("tools/install_claude_code.sh", "GYRE_CLAUDE_BIN"),
-    "codex": ("tools/install_codex.sh", "GYRE_CODEX_BIN"),
+    # harness: (installer, the launcher's variable naming the binary, the sandbox kind)
+    "claude-code": ("tools/install_claude_code.sh", "GYRE_CLAUDE_BIN", "bwrap"),
+    "codex": ("tools/install_codex.sh", "GYRE_CODEX_BIN", "podman"),
 }
 
 
-def config(harness: str) -> str:
+def config(harness: str, kind: str) -> str:
     context = plugin_for(harness).first_request_tokens + 4096  # the first request, then some turns
     return f"""
 seed = 7
@@ -61,7 +63,7 @@ skip_zero_advantage = false  # an untrained policy's group is often all zero: tr
 source = "{HARBOR}"
 heldout_ids = ["write-greeting"]
 [sandbox]
-kind = "bwrap"
+kind = "{kind}"
 [eval]
 heldout = false
 """
@@ -70,6 +72,7 @@ heldout = false
 @dataclass(frozen=True)
 class Run:
     harness: str
+    kind: str
     summary: dict[str, Any]
     events: list[tuple[str, dict[str, Any]]]
     run_dir: Path
@@ -80,15 +83,22 @@ def harness_run(request: pytest.FixtureRequest, acceptance_template: str) -> Any
     from tests import pg
 
     harness: str = request.param
-    installer, variable = HARNESSES[harness]
+    installer, variable, kind = HARNESSES[harness]
     binary = harness_binary(harness.replace("-", "_"), ROOT / installer)
-    require("bwrap", bwrap_missing())
-    folder = sandbox_run_folder(f"gyre-{harness}-run-", config(harness))
+    require(kind, bwrap_missing() if kind == "bwrap" else _podman_missing())
+    folder = sandbox_run_folder(f"gyre-{harness}-run-", config(harness, kind))
     with pg.database_from(acceptance_template) as url:
         gyre_run(folder, live_run_env(url, folder / "data", **{variable: binary}), timeout=1300)
         summary = json.loads((folder / "run.json").read_text())
         run_dir = folder / "data" / "runs" / summary["run_id"]
-        yield Run(harness, summary, run_events(url, summary["run_id"]), run_dir)
+        yield Run(harness, kind, summary, run_events(url, summary["run_id"]), run_dir)
+
+
+def _podman_missing() -> str | None:
+    missing = podman_missing()
+    if missing is None and not PodmanSandbox().has_image(BASE_IMAGE):
+        missing = f"the base image {BASE_IMAGE} is missing: run tools/podman_setup.sh"
+    return missing
 
 
 def test_every_execution_ran_its_harness_in_a_sandbox_and_was_recorded(harness_run: Run) -> None:
@@ -111,14 +121,15 @@ def test_every_execution_ran_its_harness_in_a_sandbox_and_was_recorded(harness_r
         assert ended, body
         assert calls[execution_id] >= 1, f"{execution_id} recorded no model call: {body['detail']}"
         workspace = harness_run.run_dir / "workspaces" / _safe(execution_id) / "workspace"
-        assert workspace.stat().st_uid == NOBODY  # the harness wrote as the sandbox's user
+        if harness_run.kind == "bwrap":  # a container's user is the image's (root in the base image)
+            assert workspace.stat().st_uid == NOBODY  # the harness wrote as the sandbox's user
     recorded = [b for t, b in harness_run.events if t == "model_call.recorded"]
     assert {b["harness"] for b in recorded} == {harness_run.harness}
 
 
 def test_every_execution_was_evaluated_in_its_sandbox_and_trained_on(harness_run: Run) -> None:
     recorded = [b for t, b in harness_run.events if t == "evaluation.recorded"]
-    assert len(recorded) >= 2 and all(b["evaluator"] == "tests:bwrap" for b in recorded)
+    assert len(recorded) >= 2 and all(b["evaluator"] == f"tests:{harness_run.kind}" for b in recorded)
     assert all(b["status"] == "valid" for b in recorded)
     [step] = harness_run.summary["steps"]
     assert step["executions"] == 2 and step["admitted_trajectories"] >= 1 and step["trainable_tokens"] > 0
