@@ -20,6 +20,7 @@ from gyre_store import InMemoryProjectionStore, PostgresEventLog, StoreConfig, c
 from gyre_store.catalog import ModelCallRecorded
 from gyre_store.log import StreamId
 from gyre_store.trees import TreeProjection, TreeView
+from gyre_train.sandbox import BASE_IMAGE, PodmanSandbox, bwrap_missing, podman_missing
 from tests.acceptance.conftest import ROOT
 
 
@@ -167,3 +168,13 @@ def sandbox_run_folder(prefix: str, config: str) -> Path:
     folder.chmod(0o755)
     (folder / "run.toml").write_text(config)
     return folder
+
+
+def sandbox_missing(kind: str) -> str | None:
+    """Why a live run cannot use the sandbox ``kind`` (bwrap or podman) here; None when it can."""
+    if kind == "bwrap":
+        return bwrap_missing()
+    missing = podman_missing()
+    if missing is None and not PodmanSandbox().has_image(BASE_IMAGE):
+        missing = f"the base image {BASE_IMAGE} is missing: run tools/podman_setup.sh"
+    return missing

@@ -24,9 +24,8 @@ from typing import Any
 import pytest
 
 from gyre_proxy.harness import plugin_for
-from gyre_train.sandbox import BASE_IMAGE, PodmanSandbox, bwrap_missing, podman_missing
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_run_folder
+from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_missing, sandbox_run_folder
 from tests.real_servers import harness_binary, require
 
 pytestmark = pytest.mark.timeout(1500)  # a live run of real processes with a real harness
@@ -85,20 +84,13 @@ def harness_run(request: pytest.FixtureRequest, acceptance_template: str) -> Any
     harness: str = request.param
     installer, variable, kind = HARNESSES[harness]
     binary = harness_binary(harness.replace("-", "_"), ROOT / installer)
-    require(kind, bwrap_missing() if kind == "bwrap" else _podman_missing())
+    require(kind, sandbox_missing(kind))
     folder = sandbox_run_folder(f"gyre-{harness}-run-", config(harness, kind))
     with pg.database_from(acceptance_template) as url:
         gyre_run(folder, live_run_env(url, folder / "data", **{variable: binary}), timeout=1300)
         summary = json.loads((folder / "run.json").read_text())
         run_dir = folder / "data" / "runs" / summary["run_id"]
         yield Run(harness, kind, summary, run_events(url, summary["run_id"]), run_dir)
-
-
-def _podman_missing() -> str | None:
-    missing = podman_missing()
-    if missing is None and not PodmanSandbox().has_image(BASE_IMAGE):
-        missing = f"the base image {BASE_IMAGE} is missing: run tools/podman_setup.sh"
-    return missing
 
 
 def test_every_execution_ran_its_harness_in_a_sandbox_and_was_recorded(harness_run: Run) -> None:

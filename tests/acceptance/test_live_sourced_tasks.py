@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from gyre_train.sandbox import BASE_IMAGE, PodmanSandbox, bwrap_missing, podman_missing
 from gyre_train.tasks import open_source
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_run_folder
+from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_missing, sandbox_run_folder
 from tests.real_servers import require
 
 pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
@@ -72,19 +71,12 @@ def sourced_run(request: pytest.FixtureRequest, acceptance_template: str) -> Any
     from tests import pg
 
     kind: str = request.param
-    require(kind, bwrap_missing() if kind == "bwrap" else _podman_missing())
+    require(kind, sandbox_missing(kind))
     folder = sandbox_run_folder(f"gyre-sourced-{kind}-", CONFIG.format(HARBOR=HARBOR, KIND=kind))
     with pg.database_from(acceptance_template) as url:
         gyre_run(folder, live_run_env(url, folder / "data"))
         summary = json.loads((folder / "run.json").read_text())
         yield Run(kind, url, summary, run_events(url, summary["run_id"]), folder)
-
-
-def _podman_missing() -> str | None:
-    missing = podman_missing()
-    if missing is None and not PodmanSandbox().has_image(BASE_IMAGE):
-        missing = f"the base image {BASE_IMAGE} is missing: run tools/podman_setup.sh"
-    return missing
 
 
 def test_the_tasks_are_recorded_by_reference_to_the_source(sourced_run: Run) -> None:
