@@ -152,6 +152,7 @@ from gyre_store.report import (
     TransitionTime,
     run_report,
 )
+from gyre_store.stopping import SignalStop, until_signal
 from gyre_store.testing import InMemoryEventLog, InMemoryProjectionStore
 from gyre_store.trees import (
     CLASS_COLOURS,
@@ -277,6 +278,7 @@ __all__ = [
     "RunReport",
     "RunStarted",
     "Score",
+    "SignalStop",
     "Staleness",
     "StepFigures",
     "StoreBusy",
@@ -318,5 +320,6 @@ __all__ = [
     "rebuild",
     "run_report",
     "subscribe",
+    "until_signal",
     "validate",
 ]

@@ -10,17 +10,16 @@ from __future__ import annotations
 import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
+from gyre_store import until_signal
 from gyre_store.db import services
 
 
 def main() -> None:
     env_file = Path(sys.argv[1])
     data = Path(tempfile.mkdtemp(prefix="gyre-test-services-"))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = until_signal([signal.SIGTERM])
     with services(None, None, data) as svc:
         admin = svc.database_url.replace("/gyre?", "/postgres?", 1)
         env_file.write_text(f"export GYRE_TEST_PG='{admin}'\nexport GYRE_TEST_REDIS='{svc.redis_url}'\n")

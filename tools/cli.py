@@ -7,8 +7,12 @@ parser(s) and sets ``func`` on them; ``func(args) -> int`` is the exit status.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
+import io
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -104,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The embedded servers' packages ask platformdirs for a runtime dir that a headless
     # machine does not have; the fallback is fine and the warning only confuses users.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    # `kill -USR1 <pid>` prints where every thread of a gyre process is to its log (stderr):
+    # how to see why a process does not stop or does not move on.
+    with contextlib.suppress(io.UnsupportedOperation, ValueError):  # a stderr without a file (tests)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -26,6 +26,7 @@ from gyre_proxy import (
     reuseport_socket,
 )
 from gyre_proxy.harness import CODEX_KEY_ENV, provider_config
+from gyre_store import SignalStop
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 
@@ -192,10 +193,10 @@ def run_serve(args: argparse.Namespace) -> int:
         spool_dir=spool,
         answers_log=Path(args.answers_log) if args.answers_log else None,
     )
-    stop = threading.Event()
     # SIGTERM (how a process manager, `gyre run` or a test stops it) ends the serving loop like
     # Ctrl-C does, so the spooled records are written; its default action would drop them.
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: stop.set())}
+    signals = SignalStop([signal.SIGTERM])
+    stop = signals.install()
     sock = sync = worker = table = None
     if args.worker_index is not None:
         table = WorkerTable(Path(args.worker_table), workers=args.workers, index=args.worker_index)
@@ -233,8 +234,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 follower.join(timeout=5)  # it reads the log, which closes next
                 # Leaving the block writes what the spool still holds before the store closes.
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
         if table is not None:
             table.close()
     return 0
@@ -255,7 +255,8 @@ def supervise(args: argparse.Namespace) -> int:
     os.close(fd)
     table = Path(name)
     WorkerTable.create(table, workers=args.workers)
-    stopping = threading.Event()
+    signals = SignalStop()  # SIGINT or SIGTERM
+    stopping = signals.install()
 
     def start(index: int) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "gyre_tools.cli", *sys.argv[1:]]
@@ -264,10 +265,6 @@ def supervise(args: argparse.Namespace) -> int:
             [*argv, "--worker-index", str(index), "--worker-table", str(table)], start_new_session=True
         )
 
-    def stop(signum: int, frame: object) -> None:
-        stopping.set()
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     workers = [start(i) for i in range(args.workers)]
     console.print(
         f"gyre proxy: {args.workers} workers on http://{args.host}:{args.port} (pids {', '.join(str(w.pid) for w in workers)})"
@@ -290,8 +287,7 @@ def supervise(args: argparse.Namespace) -> int:
                 worker.wait(30)
             except subprocess.TimeoutExpired:
                 worker.kill()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore()
         table.unlink(missing_ok=True)
     return 0
 

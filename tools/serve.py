@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from gyre_store import (
     TaskDefined,
     TaskSplit,
     evaluation_projections,
+    until_signal,
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
@@ -136,13 +135,6 @@ def train_tasks(log: EventLog, run_id: str) -> list[str]:
     ]
 
 
-def _until_signal() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
-
-
 def harness_plugin(name: str, *, max_tokens: int) -> HarnessPlugin:
     """The run's harness plug-in; the built-in agent asks for ``max_tokens`` per call (other
     harnesses ask for what they ask, and the proxy caps it at the same ``model.max_tokens``)."""
@@ -175,7 +167,7 @@ def run_launcher(args: argparse.Namespace) -> int:
         )
         console.print(f"launcher of run {args.run}: workspaces in {root}, sandbox {config.sandbox.kind}")
         try:
-            launcher.run(_until_signal())
+            launcher.run(until_signal())
         finally:
             placement.close()
     return 0
@@ -195,7 +187,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
         judged = f"; tasks with a rubric judged by {judge.model} at {judge.endpoint}" if judge else ""
         console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}{judged}")
         try:
-            worker.run(_until_signal())
+            worker.run(until_signal())
         finally:
             if judge is not None:
                 judge.close()
@@ -237,7 +229,7 @@ def run_controller(args: argparse.Namespace) -> int:
         sink = LiveSink(opened.log, args.run, deck, group_size=config.N, harness=config.harness)
         controller = Controller(opened.log, config.sched(), sink, args.run, fault=FaultPoint.from_env())
         console.print(f"controller of run {args.run}: {config.policy}, phi={config.phi}, mu={config.mu}")
-        controller.run(_until_signal(), poll_s=0.5)
+        controller.run(until_signal(), poll_s=0.5)
     return 0
 
 
@@ -262,7 +254,7 @@ def run_node(args: argparse.Namespace) -> int:
                 dist_port=args.dist_port,
             )
 
-        stop = _until_signal()
+        stop = until_signal()
         pid_file = Path(config.run_dir) / "logs" / f"node-{args.engine_offset}-pids.json"
         # Engines and trainer cells are supervised apart: a trainer world that must start again
         # (its core died) never takes the engines, and their executions, down with it.

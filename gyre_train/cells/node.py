@@ -15,6 +15,7 @@ node agent per machine; the agents find each other through the log and Redis onl
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import multiprocessing
 import multiprocessing.process
 import signal
@@ -170,4 +171,5 @@ def _child(target: Callable[..., None], args: tuple[object, ...]) -> None:
     node started again never meets the cells of its previous life."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: its threads' stacks
     target(*args)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 import uuid
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from gyre_store import (
     StoreConfig,
     StreamId,
     WeightsPublished,
+    until_signal,
 )
 from gyre_train.cells.live import policy_dir
 from gyre_train.exceptions import EngineServerDied, InvalidConfigError
@@ -252,7 +252,4 @@ def serve_rollout(config: RolloutEngineConfig, stop: threading.Event) -> None:
 
 def rollout_process(config: RolloutEngineConfig) -> None:
     """Entry point of an engine process: serve until SIGTERM or SIGINT."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    serve_rollout(config, stop)
+    serve_rollout(config, until_signal())

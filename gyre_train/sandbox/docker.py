@@ -294,12 +294,14 @@ def attach(base_url: str, spec: dict[str, Any]) -> int:
     container = client.containers.create(**kwargs)
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        _remove(container)
+        # Only raise: the ``finally`` below removes the container. A handler that itself called
+        # the API could wait forever on a lock of the client's connection pool that the main
+        # thread held when the signal came (the handler runs in that thread).
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
         container.start()
         copies = [
             threading.Thread(target=_copy_output, args=(container, stdout), daemon=True)

@@ -137,14 +137,20 @@ def _command(pid: int) -> str:
         return "(ended)"
 
 
-def _wait_gone(processes: dict[int, int], timeout_s: float = 120) -> None:
-    """Until every one of ``processes`` (pid: start) has ended."""
+def _wait_gone(processes: dict[int, int], folder: Path, timeout_s: float = 120) -> None:
+    """Until every one of ``processes`` (pid: start) has ended. Those that do not are asked for
+    their threads' stacks (SIGUSR1), which land in their logs, shown with the failure."""
     deadline = time.monotonic() + timeout_s
     while alive := [p for p, start in processes.items() if _started(p) == start]:
         if time.monotonic() > deadline:
             commands = {p: _command(p) for p in alive}
+            for pid in alive:
+                if "gyre_tools.cli" in commands[pid] or "spawn_main" in commands[pid]:
+                    os.kill(pid, signal.SIGUSR1)
+            time.sleep(2)
             raise AssertionError(
-                f"processes of the killed gyre run still alive after {timeout_s} s: {commands}"
+                f"processes of the killed gyre run still alive after {timeout_s} s: {commands}\n"
+                f"{_logs(folder)}"
             )
         time.sleep(0.1)
 
@@ -215,7 +221,7 @@ def test_a_live_run_survives_its_faults(cluster: pgcluster.PrivateCluster, tmp_p
         faults.append(("gyre run killed", time.time()))
         # Its processes end with it (they get SIGTERM when it dies); the next life starts only
         # once they have, as a process manager restarting it would see them.
-        _wait_gone(old_life)
+        _wait_gone(old_life, tmp_path)
         again = gyre("run", "--config", str(config), "--run-id", RUN, "--json", str(tmp_path / "run.json"),
                      "--quiet", env={k: v for k, v in env.items() if k.startswith("GYRE_")}, timeout=900)  # fmt: skip
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
