@@ -42,6 +42,8 @@ def node_plan(
     engine_offset: int,
     trainers: str,
     dist_port: int,
+    host: str = "127.0.0.1",
+    advertise_host: str | None = None,
 ) -> NodePlan:
     run_dir = Path(config.run_dir)
     publish_dir = run_dir / "policies"
@@ -62,6 +64,8 @@ def node_plan(
             kind=config.engine,
             sglang_command=sglang_serve_command() if config.engine == "sglang" else (),
             log_dir=run_dir / "logs",
+            host=host,
+            advertise_host=advertise_host,
         )
 
     engine_configs = tuple(

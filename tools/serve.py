@@ -109,6 +109,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             )
             add_env_argument(
                 serve,
+                "--host",
+                "GYRE_NODE_HOST",
+                default="127.0.0.1",
+                help="the address this node's engines listen on (0.0.0.0: every address)",
+            )
+            add_env_argument(
+                serve,
+                "--advertise-host",
+                "GYRE_NODE_ADVERTISE_HOST",
+                help="the address other machines reach this node's engines at, in the URL each "
+                "registers (default: --host; needed with a wildcard --host)",
+            )
+            add_env_argument(
+                serve,
                 "--engine-offset",
                 "GYRE_NODE_ENGINE_OFFSET",
                 default="0",
@@ -252,6 +266,8 @@ def run_node(args: argparse.Namespace) -> int:
                 engine_offset=args.engine_offset,
                 trainers=trainers,
                 dist_port=args.dist_port,
+                host=args.host,
+                advertise_host=args.advertise_host,
             )
 
         stop = until_signal()

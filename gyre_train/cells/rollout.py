@@ -20,6 +20,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gyre_proxy.engines import SGLangServer, SGLangServerConfig
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
@@ -39,6 +40,7 @@ from gyre_train.cells.live import policy_dir
 from gyre_train.exceptions import EngineServerDied, InvalidConfigError
 
 ENGINE_KINDS = ("reference", "sglang")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # listening on every address: not an address to call
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +57,11 @@ class RolloutEngineConfig:
     max_context: int = 8192
     seed: int = 0
     torch_threads: int = 1
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # where it listens
     port: int | None = None
+    # The host other machines reach it at, in the URL it registers (the proxy and the publisher
+    # call that URL); None: ``host`` itself, which must then not be a wildcard.
+    advertise_host: str | None = None
     kind: str = "reference"  # or "sglang" (ENGINE_KINDS)
     # kind "sglang": what starts a server as `[*sglang_command, model_dir, port, *options]`
     # (tools/sglang_setup.sh serve), and where its output goes.
@@ -69,6 +74,19 @@ class RolloutEngineConfig:
             raise InvalidConfigError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {self.kind!r}")
         if self.kind == "sglang" and not self.sglang_command:
             raise InvalidConfigError(f"{self.engine}: an SGLang engine needs the command that starts it")
+        if self.host in WILDCARD_HOSTS and not self.advertise_host:
+            raise InvalidConfigError(
+                f"{self.engine}: an engine listening on every address ({self.host!r}) needs an "
+                "advertise host, the address the proxy and the publisher reach it at"
+            )
+
+    def advertised(self, base_url: str) -> str:
+        """The URL others call for a server listening at ``base_url``: its port at the advertise
+        host, or ``base_url`` itself when there is none."""
+        if not self.advertise_host:
+            return base_url
+        host = f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host
+        return f"http://{host}:{urlsplit(base_url).port}"
 
 
 def newest_policy(log: EventLog, run_id: str, publish_dir: Path) -> tuple[int, Path | None]:
@@ -188,16 +206,17 @@ class RolloutEngine:
         kind = _SGLangServing if config.kind == "sglang" else _ReferenceServing
         serving = kind(config, folder or config.initial_model, version)
         self.serving = serving
+        url = config.advertised(serving.base_url)
         registered = EngineRegistered(
             engine=config.engine,
             run_id=config.run_id,
-            url=serving.base_url,
+            url=url,
             cell_index=config.cell_index,
             capacity=config.capacity,
         )
         # One registration per start (a retried append finds its own): a cell's engine that
         # starts again must be routed to again, even at an address it had before.
-        key = f"engine:{config.engine}:{serving.base_url}:{uuid.uuid4().hex[:12]}"
+        key = f"engine:{config.engine}:{url}:{uuid.uuid4().hex[:12]}"
         self.log.append([NewEvent(registered, key, metadata=EventMetadata(run_id=config.run_id))])
         newer, newer_folder = newest_policy(self.log, config.run_id, config.publish_dir)
         if newer > version and newer_folder is not None:
@@ -216,7 +235,13 @@ class RolloutEngine:
 
     @property
     def base_url(self) -> str | None:
+        """Where this process reaches the server (on its own host)."""
         return None if self.serving is None else self.serving.base_url
+
+    @property
+    def url(self) -> str | None:
+        """The URL it registered, which other hosts call."""
+        return None if self.serving is None else self.config.advertised(self.serving.base_url)
 
     def stop_accepting(self) -> None:
         """New generates are refused (the proxy then routes them elsewhere); in-flight ones go on."""
