@@ -1,7 +1,8 @@
 """Serving an ASGI app on loopback from a background thread: the proxy's and the reference
 engine's HTTP servers, for tests, demos and embedded runs.
 
-``ServerThread`` is a context manager around one uvicorn server; ``free_port`` finds a port.
+``ServerThread`` is a context manager around one uvicorn server; ``free_port`` finds a port;
+``advertised_url`` is what other machines call for a server listening on every address.
 It imports nothing of gyre_proxy but its exceptions, so the engine layer (below the proxy)
 and the proxy's API both host their apps with it. Foreground serving stays with the callers.
 """
@@ -13,6 +14,7 @@ import threading
 import time
 from types import TracebackType
 from typing import Any, Literal, Self
+from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -38,6 +40,18 @@ def reuseport_socket(host: str, port: int, *, backlog: int = 2048) -> socket.soc
         raise ServerStartError(f"cannot listen on {host}:{port}: {exc}") from exc
     sock.setblocking(False)
     return sock
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # listening on every address: not an address to call
+
+
+def advertised_url(base_url: str, advertise_host: str | None) -> str:
+    """The URL other machines call for a server listening at ``base_url``: its port at
+    ``advertise_host``, or ``base_url`` itself when that is None or empty."""
+    if not advertise_host:
+        return base_url
+    host = f"[{advertise_host}]" if ":" in advertise_host else advertise_host
+    return f"http://{host}:{urlsplit(base_url).port}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

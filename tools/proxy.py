@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,17 @@ from gyre_proxy import (
     issue_key,
     reuseport_socket,
 )
+from gyre_proxy.engines import WILDCARD_HOSTS, advertised_url
 from gyre_proxy.harness import CODEX_KEY_ENV, provider_config
-from gyre_store import SignalStop
+from gyre_store import (
+    EventLog,
+    EventMetadata,
+    NewEvent,
+    ProxyRegistered,
+    SignalStop,
+    StoreUnavailable,
+    StreamId,
+)
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 
@@ -44,6 +54,14 @@ def register(subparsers: Any) -> None:
     )
     add_env_argument(serve, "--host", "GYRE_PROXY_HOST", default="127.0.0.1", help="address to bind")
     add_env_argument(serve, "--port", "GYRE_PROXY_PORT", default="8080", type=int, help="port to bind")
+    add_env_argument(
+        serve,
+        "--advertise-host",
+        "GYRE_PROXY_ADVERTISE_HOST",
+        help="the address other machines reach the proxy at: with --run, the proxy registers "
+        "its URL there in the log, for launchers not told --proxy-url (default: --host; "
+        "needed with a wildcard --host)",
+    )
     add_env_argument(
         serve,
         "--model-name",
@@ -175,6 +193,11 @@ def run_serve(args: argparse.Namespace) -> int:
         return supervise(args)
     if args.workers < 1:
         raise SystemExit("gyre proxy serve: --workers must be at least 1")
+    if args.run and args.host in WILDCARD_HOSTS and not args.advertise_host:
+        raise SystemExit(
+            f"gyre proxy serve: --host {args.host!r} listens on every address; --advertise-host "
+            "must say the one the run's launchers reach it at"
+        )
     spool = (
         Path(args.spool_dir) if args.spool_dir else Path(args.data_dir) / "proxy-spool" / f"port-{args.port}"
     )
@@ -217,6 +240,13 @@ def run_serve(args: argparse.Namespace) -> int:
                     tune_gc(args.gc_threshold)
                 follower = threading.Thread(target=service.follow, args=(stop,), daemon=True)
                 follower.start()
+                if args.run and args.worker_index in (None, 0):  # one registration per proxy
+                    url = advertised_url(service.base_url, args.advertise_host)
+                    # Beside the serving: a proxy started while the database is down serves
+                    # (and spools) at once, and registers once the database answers.
+                    threading.Thread(
+                        target=_register_when_up, args=(opened.log, args.run, url, stop), daemon=True
+                    ).start()
                 engines = ", ".join(n for n, _ in config.engines)
                 who = "" if worker is None else f" ({worker}, pid {os.getpid()})"
                 console.print(
@@ -238,6 +268,38 @@ def run_serve(args: argparse.Namespace) -> int:
         if table is not None:
             table.close()
     return 0
+
+
+def register_proxy(log: EventLog, run_id: str, url: str) -> None:
+    """Record that run ``run_id``'s proxy answers at ``url`` (each start anew)."""
+    event = ProxyRegistered(run_id=run_id, url=url)
+    log.append(
+        [
+            NewEvent(
+                event, f"proxy:{run_id}:{url}:{uuid.uuid4().hex[:12]}", metadata=EventMetadata(run_id=run_id)
+            )
+        ]
+    )
+
+
+def _register_when_up(log: EventLog, run_id: str, url: str, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            register_proxy(log, run_id, url)
+            return
+        except StoreUnavailable as exc:
+            console.print(f"gyre proxy: not registered yet ({exc}); trying again")
+            stop.wait(2.0)
+
+
+def registered_proxy(log: EventLog, run_id: str) -> str | None:
+    """The URL run ``run_id``'s proxy registered last, or None before it has."""
+    urls = [
+        r.event.url
+        for r in log.read_stream(StreamId("proxy", run_id))
+        if isinstance(r.event, ProxyRegistered)
+    ]
+    return urls[-1] if urls else None
 
 
 def supervise(args: argparse.Namespace) -> int:
@@ -293,8 +355,6 @@ def supervise(args: argparse.Namespace) -> int:
 
 
 def run_new(args: argparse.Namespace) -> int:
-    import uuid
-
     execution_id = args.execution_id or f"{args.run_id}-{uuid.uuid4().hex[:8]}"
     with open_store(args) as opened:
         key = issue_key(opened.log, execution_id=execution_id, run_id=args.run_id, harness=args.harness)

@@ -35,6 +35,7 @@ from gyre_store import (
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
 from gyre_tools.placement import SandboxPlacement
+from gyre_tools.proxy import registered_proxy
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
 from gyre_tools.run_config import ConfigFileError, RunConfig, parse_config
 from gyre_train import (
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from gyre_train.cells import NodeAgent, NodePlan
 
 
+PROXY_WAIT_S = 120.0  # how long a launcher not told the proxy's URL waits for its registration
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, helptext, func in (
         ("node", "a node agent: this machine's rollout engines and trainer cells of a run", run_node),
@@ -72,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 serve,
                 "--proxy-url",
                 "GYRE_PROXY_URL",
-                default="http://127.0.0.1:8080",
-                help="the run's proxy",
+                help="the run's proxy (default: the URL the run's proxy registered in the log, "
+                f"waited for up to {PROXY_WAIT_S:.0f} s)",
             )
         if name == "evaluator":
             add_env_argument(
@@ -158,9 +162,26 @@ def harness_plugin(name: str, *, max_tokens: int) -> HarnessPlugin:
     return plugin
 
 
+def proxy_url(log: EventLog, run_id: str, given: str | None, wait_s: float = PROXY_WAIT_S) -> str:
+    """``given``, or else the URL run ``run_id``'s proxy registered, waited for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while not given:
+        given = registered_proxy(log, run_id)
+        if given:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"gyre launcher serve: run {run_id}'s proxy registered no URL within {wait_s:.0f} s; "
+                "start `gyre proxy serve --run` or give --proxy-url"
+            )
+        time.sleep(0.5)
+    return given
+
+
 def run_launcher(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False) as opened:
         config = recorded_config(opened.log, args.run)
+        args.proxy_url = proxy_url(opened.log, args.run, args.proxy_url)
         root = Path(config.run_dir) / "workspaces"
         placement = SandboxPlacement(
             config.sandbox.kind, proxy_url=args.proxy_url, relay_dir=Path(config.run_dir) / "relay"

@@ -56,9 +56,10 @@ from gyre_proxy.exceptions import (
     ScriptError,
     WeightUpdateFailed,
 )
-from gyre_proxy.hosting import free_port
+from gyre_proxy.hosting import WILDCARD_HOSTS, advertised_url, free_port
 
 __all__ = [
+    "WILDCARD_HOSTS",
     "CheckpointTokenizer",
     "ContextLengthExceeded",
     "Engine",
@@ -100,6 +101,7 @@ __all__ = [
     "Tokenizer",
     "WeightUpdate",
     "WeightUpdateFailed",
+    "advertised_url",
     "encode_markup",
     "encode_pieces",
     "free_port",

@@ -32,6 +32,7 @@ from gyre_store.catalog.judge import JudgeCalled, JudgedFile, judge_call_key
 from gyre_store.catalog.live import (
     EngineRegistered,
     ExecutionStartRequested,
+    ProxyRegistered,
     RecordQuarantined,
     RunConfigured,
     TaskDefined,
@@ -150,6 +151,7 @@ __all__ = [
     "PlaceholderInserted",
     "Positive",
     "Provenance",
+    "ProxyRegistered",
     "RecordQuarantined",
     "RequestMoved",
     "RewardAssigned",

@@ -67,6 +67,15 @@ class EngineRegistered(Event, frozen=True, kw_only=True):
     capacity: NonNegative = 0  # concurrent executions it was sized for (C_e or its pool share)
 
 
+@REGISTRY.register("proxy.registered", stream="proxy", key="run_id")
+class ProxyRegistered(Event, frozen=True, kw_only=True):
+    """The run's proxy serves the harnesses' model APIs at ``url``, the address it advertises
+    to other machines; launchers that are not told the proxy's URL take the newest."""
+
+    run_id: Ident
+    url: str
+
+
 @REGISTRY.register("execution.start_requested", stream="execution", key="execution_id")
 class ExecutionStartRequested(Event, frozen=True, kw_only=True):
     """The scheduler decided to start this execution of task ``task_id`` on ``engine``."""

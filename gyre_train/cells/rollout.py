@@ -20,9 +20,8 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from gyre_proxy.engines import SGLangServer, SGLangServerConfig
+from gyre_proxy.engines import WILDCARD_HOSTS, SGLangServer, SGLangServerConfig, advertised_url
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
 from gyre_proxy.engines.weights import EngineWeightSink
 from gyre_store import (
@@ -40,7 +39,6 @@ from gyre_train.cells.live import policy_dir
 from gyre_train.exceptions import EngineServerDied, InvalidConfigError
 
 ENGINE_KINDS = ("reference", "sglang")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # listening on every address: not an address to call
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +79,8 @@ class RolloutEngineConfig:
             )
 
     def advertised(self, base_url: str) -> str:
-        """The URL others call for a server listening at ``base_url``: its port at the advertise
-        host, or ``base_url`` itself when there is none."""
-        if not self.advertise_host:
-            return base_url
-        host = f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host
-        return f"http://{host}:{urlsplit(base_url).port}"
+        """The URL others call for a server listening at ``base_url``."""
+        return advertised_url(base_url, self.advertise_host)
 
 
 def newest_policy(log: EventLog, run_id: str, publish_dir: Path) -> tuple[int, Path | None]:

@@ -1,4 +1,4 @@
-"""Where a node's engines listen, and the address they register for other machines."""
+"""Where a node's engines and the proxy listen, and the addresses they register for other machines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 from gyre_store import InMemoryEventLog
 from gyre_tools.cli import build_parser
 from gyre_tools.node_plan import node_plan
+from gyre_tools.proxy import register_proxy
 from gyre_tools.run_config import DEMO
+from gyre_tools.serve import proxy_url
 from gyre_train.cells.rollout import RolloutEngineConfig
 from gyre_train.exceptions import InvalidConfigError
 
@@ -50,3 +52,14 @@ def test_node_serve_passes_its_addresses_to_every_engine_it_plans(monkeypatch: p
         ("r:pool-4", "0.0.0.0", "10.0.0.5"),
     ]
     assert build_parser().parse_args(["node", "serve", "--run", "r"]).host == "127.0.0.1"
+
+
+def test_a_launcher_not_told_the_proxy_takes_the_newest_registration_or_says_why_not() -> None:
+    log = InMemoryEventLog()
+    with pytest.raises(SystemExit, match="registered no URL"):
+        proxy_url(log, "r", None, wait_s=0)
+    for url in ("http://a:1", "http://b:2"):
+        register_proxy(log, "r", url)
+    register_proxy(log, "other", "http://c:3")
+    assert proxy_url(log, "r", None, wait_s=0) == "http://b:2"
+    assert proxy_url(log, "r", "http://given:4") == "http://given:4"
