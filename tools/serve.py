@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -78,6 +79,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 "GYRE_PROXY_URL",
                 help="the run's proxy (default: the URL the run's proxy registered in the log, "
                 f"waited for up to {PROXY_WAIT_S:.0f} s)",
+            )
+            add_env_argument(
+                serve,
+                "--name",
+                "GYRE_LAUNCHER_NAME",
+                default=socket.gethostname(),
+                help="this launcher among the run's (one per host), recorded with each execution it "
+                "starts; a launcher started again under the same name finishes the ones it lost",
+            )
+            add_env_argument(
+                serve,
+                "--max-running",
+                "GYRE_LAUNCHER_MAX_RUNNING",
+                type=int,
+                help="harnesses this launcher runs at once (default: the run's rollout capacity, "
+                "rollout_engines x engine_capacity; with a launcher per host, each host's share)",
             )
         if name == "evaluator":
             add_env_argument(
@@ -193,7 +210,8 @@ def run_launcher(args: argparse.Namespace) -> int:
                 proxy_url=args.proxy_url,
                 root=root,
                 harness=config.harness,
-                max_running=config.rollout_engines * config.engine_capacity,
+                max_running=args.max_running or config.rollout_engines * config.engine_capacity,
+                name=args.name,
                 max_booting=config.sandbox.boot_concurrency if config.sandbox.kind != "local" else 0,
                 boot_retries=config.sandbox.boot_retries,
             ),

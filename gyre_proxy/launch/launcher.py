@@ -13,9 +13,11 @@ when executions start or how they are scored.
 
 A restarted launcher rebuilds its state from the log: requests not yet started are started,
 and executions it had started are finished as failed (their harness processes are gone), so
-their partial work is still scored. Several launchers may follow one run: recording
-``execution.started`` is idempotent per execution, and only the one whose record lands first
-starts the harness.
+their partial work is still scored. Several launchers may follow one run, one per host, each
+under its own ``name`` and with its own ``max_running``: a launcher with room takes a request by
+recording ``execution.started`` (idempotent per execution) before it touches the workspace, and
+only the one whose record lands first prepares the workspace and starts the harness; the
+others pass it by. A restarted launcher finishes only the executions its own name started.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class LauncherConfig:
     boot_retries: int = 2  # starts again of a harness that died while booting
     boot_window_s: float = 10.0  # a non-zero exit this soon after the start is a death while booting
     max_booting: int = 0  # harnesses started within boot_window_s at once (0: no cap)
+    name: str = ""  # this launcher among the run's (one per host): recorded in execution.started
 
 
 def _nothing() -> None:
@@ -108,6 +111,7 @@ class Launcher:
         self._pending: dict[str, ExecutionStartRequested] = {}
         self._started: set[str] = set()
         self._finished: set[str] = set()
+        self._elsewhere: set[str] = set()  # started by another launcher of the run
         self._running: dict[str, Running] = {}
         self._run_of: dict[str, str] = {}
         # The run's events and its side runs' (held-out evaluations, say).
@@ -140,11 +144,16 @@ class Launcher:
                 self._tasks[(run_id, task_id)] = event
             case ExecutionStartRequested(execution_id=execution_id):
                 self._run_of[execution_id] = run_id
-                if execution_id not in self._started and execution_id not in self._finished:
+                if not any(execution_id in seen for seen in (self._started, self._finished, self._elsewhere)):
                     self._pending[execution_id] = event
-            case ExecutionStarted(execution_id=execution_id):
+            case ExecutionStarted(execution_id=execution_id, launcher=launcher):
                 self._run_of[execution_id] = run_id
-                self._started.add(execution_id)
+                # Another launcher's executions are its own to run and to finish (one recorded
+                # before launchers had names was the run's only launcher's: ours).
+                if launcher in (self.config.name, ""):
+                    self._started.add(execution_id)
+                else:
+                    self._elsewhere.add(execution_id)
                 self._pending.pop(execution_id, None)
             case ExecutionFinished(execution_id=execution_id):
                 self._finished.add(execution_id)
@@ -212,6 +221,19 @@ class Launcher:
                 f"no task {request.task_id!r} is defined in run {request.run_id!r}",
             )
             return
+        # Taken first: of the launchers that try, only the one whose record lands goes on to
+        # write the workspace (a folder every host may share) and start the harness.
+        started = ExecutionStarted(
+            execution_id=request.execution_id,
+            run_id=request.run_id,
+            engine=request.engine,
+            launcher=self.config.name,
+        )
+        [result] = self.log.append([NewEvent(started, f"started:{request.execution_id}", metadata=meta)])
+        if result.duplicate:
+            self._elsewhere.add(request.execution_id)  # another launcher's record landed first
+            return
+        self._started.add(request.execution_id)
         placement = self.placement
         try:
             dirs = prepare(
@@ -228,14 +250,6 @@ class Launcher:
         api_key = issue_key(
             self.log, execution_id=request.execution_id, run_id=request.run_id, harness=self.plugin.name
         )
-        started = ExecutionStarted(
-            execution_id=request.execution_id, run_id=request.run_id, engine=request.engine
-        )
-        [result] = self.log.append([NewEvent(started, f"started:{request.execution_id}", metadata=meta)])
-        self._started.add(request.execution_id)
-        if result.duplicate:
-            revoke_key(self.log, api_key, "another launcher started this execution")
-            return
         deadline = self._clock() + task.budget_s
         try:
             process, cleanup = self._spawn(request, task, dirs, api_key)

@@ -75,6 +75,7 @@ class ExecutionStarted(Event, frozen=True, kw_only=True):
     execution_id: Ident
     run_id: Ident
     engine: str
+    launcher: str = ""  # the launcher that took it (its --name, the host's name by default)
 
 
 @REGISTRY.register("execution.finished", stream="execution", key="execution_id")
