@@ -26,7 +26,6 @@ from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, UnixRelay, san
 from gyre_train.tasks import DEFAULT_WORKDIR, TaskFiles, limits_for, sandbox_for_task
 
 HOME = "/home/agent"
-SANDBOX_PYTHON = "/usr/bin/python3"  # the host's own, seen through the sandbox's read-only /usr
 PACKAGES = ("gyre_store", "gyre_proxy", "gyre_sched", "gyre_train")
 HARNESS_LIMITS = Limits(processes=256, file_size_mb=1024)
 
@@ -79,11 +78,6 @@ class SandboxPlacement:
         workdir, home = self.inside(task, dirs)
         argv, env = list(spec.argv), dict(spec.env)
         binds = [Bind(p, str(p)) for p in _program_binds(spec.argv)]
-        if argv and argv[0] == sys.executable:  # a Python harness: the host's python, gyre's packages
-            argv[0] = SANDBOX_PYTHON
-            env["PYTHONPATH"] = ":".join(str(p) for p in _python_paths())
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
-            binds += [Bind(p, str(p)) for p in _python_binds()]
         limits = HARNESS_LIMITS
         sandbox = self._sandbox
         if task.source:
@@ -94,6 +88,11 @@ class SandboxPlacement:
                 sandbox = sandbox_for_task(sourced, sandbox)
             except GyreTrainError as exc:
                 raise LaunchError(f"sandbox {self.kind}: task {task.task_id}: {exc}") from exc
+        if argv and argv[0] == sys.executable:  # a Python harness: the sandbox's python, gyre's packages
+            argv[0] = sandbox.python
+            env["PYTHONPATH"] = ":".join(str(p) for p in _python_paths())
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            binds += [Bind(p, str(p)) for p in _python_binds()]
         binds = [
             Bind(dirs.workspace, str(workdir), writable=True),
             Bind(dirs.home, str(home), writable=True),

@@ -96,13 +96,12 @@ def create_kwargs(
     }
     if limits.memory_mb is not None:  # swap as large as memory: none beyond it
         kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{limits.memory_mb}m"
-    if limits.processes is not None:
-        kwargs["pids_limit"] = limits.processes
+    if limits.processes is not None:  # a harness's count leaves room for its forwarder
+        pids = limits.processes if harness is None else harness.pids_limit(limits.processes, init=False)
+        kwargs["pids_limit"] = pids
     if harness is not None:
         kwargs["read_only"] = True
         kwargs["tmpfs"] = {"/tmp": Harness.tmp_options(limits)}
-        if limits.processes is not None:
-            kwargs["pids_limit"] = harness.pids_limit(limits.processes, init=False)
     return kwargs
 
 
