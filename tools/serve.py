@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gyre_proxy.harness import BuiltinHarness, HarnessPlugin, plugin_for
-from gyre_proxy.launch import Launcher, LauncherConfig
+from gyre_proxy.launch import Launcher, LauncherConfig, RedisLiveness
 from gyre_sched import Controller, LiveSink, TaskDeck
 from gyre_store import (
     EventLog,
@@ -196,7 +196,7 @@ def proxy_url(log: EventLog, run_id: str, given: str | None, wait_s: float = PRO
 
 
 def run_launcher(args: argparse.Namespace) -> int:
-    with open_store(args, upgrade=False) as opened:
+    with open_store(args, upgrade=False, with_redis=True) as opened:
         config = recorded_config(opened.log, args.run)
         args.proxy_url = proxy_url(opened.log, args.run, args.proxy_url)
         root = Path(config.run_dir) / "workspaces"
@@ -217,12 +217,16 @@ def run_launcher(args: argparse.Namespace) -> int:
             ),
             plugin=harness_plugin(config.harness, max_tokens=config.model.max_tokens),
             placement=placement,
+            liveness=(liveness := RedisLiveness(opened.services.redis_url, args.run, args.name)),
         )
-        console.print(f"launcher of run {args.run}: workspaces in {root}, sandbox {config.sandbox.kind}")
+        console.print(
+            f"launcher {args.name} of run {args.run}: workspaces in {root}, sandbox {config.sandbox.kind}"
+        )
         try:
             launcher.run(until_signal())
         finally:
             placement.close()
+            liveness.close()
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gyre_proxy.exceptions import LaunchError
 from gyre_proxy.launch.launcher import FOLLOWED, Launcher, LauncherConfig, Running, default_root
+from gyre_proxy.launch.liveness import Liveness, RedisLiveness
 from gyre_proxy.launch.placement import Placed, Placement
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 
@@ -17,8 +18,10 @@ __all__ = [
     "LaunchError",
     "Launcher",
     "LauncherConfig",
+    "Liveness",
     "Placed",
     "Placement",
+    "RedisLiveness",
     "Running",
     "artifact_version",
     "default_root",

@@ -23,6 +23,7 @@ others pass it by. A restarted launcher finishes only the executions its own nam
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -36,6 +37,7 @@ from pathlib import Path
 from gyre_proxy.exceptions import HarnessError, LaunchError
 from gyre_proxy.harness import HarnessPlugin, Launch, LaunchSpec, plugin_for
 from gyre_proxy.launch.evaluate_command import install as install_evaluate_command
+from gyre_proxy.launch.liveness import Liveness
 from gyre_proxy.launch.placement import Placement
 from gyre_proxy.launch.processes import HarnessProcess, Starter
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
@@ -50,6 +52,7 @@ from gyre_store import (
 )
 from gyre_store.log import Event, EventLog, EventMetadata, NewEvent, RunFollower, base_run
 
+CHECK_LOST_S = 2.0  # how often a launcher looks for lost ones (with a ``liveness``)
 FOLLOWED = ("task.defined", "execution.start_requested", "execution.started", "execution.finished")
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")  # the launcher's own secrets stay here
 
@@ -100,9 +103,13 @@ class Launcher:
         plugin: HarnessPlugin | None = None,
         clock: Callable[[], float] = time.monotonic,
         placement: Placement | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.log = log
         self.placement = placement
+        self.liveness = liveness
+        self._seen_alive: set[str] = set()  # launchers that beat once: only those can be lost
+        self._checked_at = -math.inf
         self.config = config
         self.plugin = plugin or plugin_for(config.harness)
         self._clock = clock
@@ -111,7 +118,7 @@ class Launcher:
         self._pending: dict[str, ExecutionStartRequested] = {}
         self._started: set[str] = set()
         self._finished: set[str] = set()
-        self._elsewhere: set[str] = set()  # started by another launcher of the run
+        self._elsewhere: dict[str, str] = {}  # started by another launcher of the run: its name
         self._running: dict[str, Running] = {}
         self._run_of: dict[str, str] = {}
         # The run's events and its side runs' (held-out evaluations, say).
@@ -153,11 +160,12 @@ class Launcher:
                 if launcher in (self.config.name, ""):
                     self._started.add(execution_id)
                 else:
-                    self._elsewhere.add(execution_id)
+                    self._elsewhere[execution_id] = launcher
                 self._pending.pop(execution_id, None)
             case ExecutionFinished(execution_id=execution_id):
                 self._finished.add(execution_id)
                 self._pending.pop(execution_id, None)
+                self._elsewhere.pop(execution_id, None)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -173,7 +181,10 @@ class Launcher:
 
     def step(self) -> None:
         """Read new requests, start what is pending, and reap or kill what ended."""
+        if self.liveness is not None:
+            self.liveness.beat()  # before any start: a launcher is seen alive before its executions
         self._follower.read_new()
+        self._finish_the_lost()
         limit, booting_cap = self.config.max_running, self.config.max_booting
         for execution_id in list(self._pending):
             if limit and len(self._running) >= limit:
@@ -192,6 +203,32 @@ class Launcher:
             elif now >= run.deadline:
                 self._kill(run)
                 self._reap(execution_id, FinishReason.HARNESS_TIMEOUT, "killed at the end of its budget")
+
+    def _finish_the_lost(self) -> None:
+        """Finish, as failed, the executions of another launcher that stopped beating (lost with
+        its host): their harnesses are gone or unreachable, and nobody else would end them. Their
+        preserved work is still scored; if the launcher comes back, its own finish is a duplicate."""
+        liveness, now = self.liveness, self._clock()
+        if liveness is None or now - self._checked_at < CHECK_LOST_S:
+            return
+        self._checked_at = now
+        owners = {o for o in self._elsewhere.values() if o}
+        for owner in sorted(owners):
+            alive = liveness.alive(owner)
+            if alive:
+                self._seen_alive.add(owner)
+                continue
+            if alive is None or owner not in self._seen_alive:
+                continue  # cannot tell now, or never seen beating (not one to judge)
+            for execution_id in sorted(e for e, o in self._elsewhere.items() if o == owner):
+                self._finish(
+                    execution_id,
+                    self._run_of.get(execution_id, self.config.run_id),
+                    ExecutionDirs(self.config.root / safe_name(execution_id)),
+                    FinishReason.FAILED,
+                    f"its launcher {owner} was lost (no heartbeat); finished by {self.config.name}",
+                )
+                del self._elsewhere[execution_id]
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set; then kill what still runs and record it as cancelled."""
@@ -231,7 +268,7 @@ class Launcher:
         )
         [result] = self.log.append([NewEvent(started, f"started:{request.execution_id}", metadata=meta)])
         if result.duplicate:
-            self._elsewhere.add(request.execution_id)  # another launcher's record landed first
+            self._elsewhere.setdefault(request.execution_id, "")  # another launcher's landed first
             return
         self._started.add(request.execution_id)
         placement = self.placement

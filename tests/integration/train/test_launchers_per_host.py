@@ -1,11 +1,13 @@
 """Two launchers follow one run, as one per host would, each with its own name and its own
 number of harnesses at once: every execution starts exactly once (one harness process, one
 ``execution.started``), each launcher stays within its own limit, both take work, and a
-launcher started again finishes only the executions its own name started."""
+launcher started again finishes only the executions its own name started, while the executions
+of a launcher lost with its host (no heartbeat in Redis) are finished by another."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import Counter
@@ -14,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from gyre_proxy.harness import GenericHarness, Launch, LaunchSpec
-from gyre_proxy.launch import Launcher, LauncherConfig
+from gyre_proxy.launch import Launcher, LauncherConfig, RedisLiveness
 from gyre_store import (
+    ArtifactPreserved,
     ExecutionDispatched,
     ExecutionFinished,
     ExecutionStarted,
@@ -46,19 +49,19 @@ class Marked(GenericHarness):
                                          f'echo "end {line} $(date +%s.%N)" >> {self.trace}'))  # fmt: skip
 
 
-def _request_all(log: PostgresEventLog) -> list[str]:
+def _request_all(log: PostgresEventLog, *, run_id: str = RUN, count: int = EXECUTIONS) -> list[str]:
     [instance] = instances("copy-line", family("copy-line"), count=1, split=TaskSplit.TRAIN, seed=4)
     task = TaskDefined(
-        run_id=RUN, task_id="t0", split=TaskSplit.TRAIN, prompt=instance.prompt, files=instance.files,
+        run_id=run_id, task_id="t0", split=TaskSplit.TRAIN, prompt=instance.prompt, files=instance.files,
         tests=instance.tests, test_command=CHECK_COMMAND, budget_s=60, family="copy-line",
     )  # fmt: skip
-    ids = [f"e{i}" for i in range(EXECUTIONS)]
+    ids = [f"{run_id}-e{i}" for i in range(count)]
     events = [NewEvent(task)]
     for i, execution_id in enumerate(ids):
         events += [
-            NewEvent(ExecutionDispatched(execution_id=execution_id, run_id=RUN, group_id=f"g{i // 2}",
+            NewEvent(ExecutionDispatched(execution_id=execution_id, run_id=run_id, group_id=f"g{i // 2}",
                                          policy_version=0)),
-            NewEvent(ExecutionStartRequested(execution_id=execution_id, run_id=RUN, task_id="t0", engine="pool")),
+            NewEvent(ExecutionStartRequested(execution_id=execution_id, run_id=run_id, task_id="t0", engine="pool")),
         ]  # fmt: skip
     log.append(events)
     return ids
@@ -149,3 +152,60 @@ def test_each_execution_starts_once_within_each_launchers_own_limit(
                 if isinstance(r.event, ExecutionFinished) and r.event.execution_id == "late"
             ]
             assert lost.reason.value == "failed" and "restarted" in lost.detail
+
+
+class Shell(GenericHarness):
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def launch_spec(self, launch: Launch) -> LaunchSpec:
+        return LaunchSpec(("bash", "-c", self.command))
+
+
+def test_the_executions_of_a_lost_launcher_are_finished_by_another(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    run = f"{RUN}-lost-{os.getpid()}"
+    root = tmp_path / "workspaces"
+    with PostgresEventLog(StoreConfig(database_url)) as log:
+        ids = _request_all(log, run_id=run, count=4)
+
+        def launcher(name: str, command: str) -> Launcher:
+            config = LauncherConfig(run_id=run, proxy_url="http://127.0.0.1:9", root=root, name=name,
+                                    max_running=2, fork_entries=False)  # fmt: skip
+            return Launcher(log, config, plugin=Shell(command),
+                            liveness=RedisLiveness(redis_url, run, name, ttl_s=1.5))  # fmt: skip
+
+        doomed = launcher("host-b", "echo partial > answer.txt; sleep 300")
+        doomed.step()  # takes two, then its host is lost: it never steps again
+        lost = sorted(doomed._running)
+        assert len(lost) == 2
+        survivor = launcher("host-a", "true")
+        stop = threading.Event()
+        thread = threading.Thread(target=survivor.run, args=(stop,))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(finished := _finished(log, run)) < len(ids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            thread.join(30)
+            for running in doomed._running.values():  # the lost host's harnesses, ended (and reaped)
+                doomed._kill(running)
+        assert sorted(finished) == sorted(ids)
+        for execution_id in lost:
+            assert finished[execution_id].reason.value == "failed"
+            assert "launcher host-b was lost" in finished[execution_id].detail
+        assert {finished[e].reason.value for e in set(ids) - set(lost)} == {"completed"}
+        # The lost launcher's work is preserved, for scoring as partial work.
+        preserved = {r.event.execution_id for r in log.read() if isinstance(r.event, ArtifactPreserved)}
+        assert set(lost) <= preserved
+
+
+def _finished(log: PostgresEventLog, run_id: str) -> dict[str, ExecutionFinished]:
+    return {
+        r.event.execution_id: r.event
+        for r in log.read()
+        if isinstance(r.event, ExecutionFinished) and r.event.run_id == run_id
+    }
