@@ -182,32 +182,29 @@ def harness_plugin(name: str, *, max_tokens: int) -> HarnessPlugin:
 def proxy_url(log: EventLog, run_id: str, given: str | None, wait_s: float = PROXY_WAIT_S) -> str:
     """``given``, or else the URL run ``run_id``'s proxy registered, waited for up to ``wait_s``."""
     deadline = time.monotonic() + wait_s
-    while not given:
-        given = registered_proxy(log, run_id)
-        if given:
-            break
+    while not (url := given or registered_proxy(log, run_id)):
         if time.monotonic() > deadline:
             raise SystemExit(
                 f"gyre launcher serve: run {run_id}'s proxy registered no URL within {wait_s:.0f} s; "
                 "start `gyre proxy serve --run` or give --proxy-url"
             )
         time.sleep(0.5)
-    return given
+    return url
 
 
 def run_launcher(args: argparse.Namespace) -> int:
     with open_store(args, upgrade=False, with_redis=True) as opened:
         config = recorded_config(opened.log, args.run)
-        args.proxy_url = proxy_url(opened.log, args.run, args.proxy_url)
+        proxy = proxy_url(opened.log, args.run, args.proxy_url)
         root = Path(config.run_dir) / "workspaces"
         placement = SandboxPlacement(
-            config.sandbox.kind, proxy_url=args.proxy_url, relay_dir=Path(config.run_dir) / "relay"
+            config.sandbox.kind, proxy_url=proxy, relay_dir=Path(config.run_dir) / "relay"
         )
         launcher = Launcher(
             opened.log,
             LauncherConfig(
                 run_id=args.run,
-                proxy_url=args.proxy_url,
+                proxy_url=proxy,
                 root=root,
                 harness=config.harness,
                 max_running=args.max_running or config.rollout_engines * config.engine_capacity,
