@@ -51,9 +51,9 @@ harness = "builtin"
 [model]
 init = "random"
 max_tokens = 48
-max_context = 2048  # rows are never split: at most a micro-step's budget
+max_context = 512  # a row is about 414 tokens; rows are never split: at most a micro-step's budget
 [train]
-micro_step_tokens = 2048  # a few rows per micro-step: several per batch, for both cells to claim
+micro_step_tokens = 512  # one row per micro-step, four per batch: both cells claim in every batch
 skip_zero_advantage = false  # an untrained policy scores 0: its rows still flow through the cells
 [tasks]
 train = 8
