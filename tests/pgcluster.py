@@ -51,7 +51,11 @@ def _free_port() -> int:
 
 
 class PrivateCluster:
-    def __init__(self) -> None:
+    """``listen``: the addresses it listens on besides loopback; ``trust``: the network (CIDR)
+    whose clients it lets in without a password, besides loopback's."""
+
+    def __init__(self, *, listen: tuple[str, ...] = (), trust: str | None = None) -> None:
+        self.listen, self.trust = listen, trust
         self.dir = Path(tempfile.mkdtemp(prefix="gyre-pg-"))
         self.data = self.dir / "data"
         self.port = _free_port()
@@ -67,15 +71,22 @@ class PrivateCluster:
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, address: str) -> str:
+        return f"postgresql://postgres@{address}:{self.port}/postgres"
 
     def init(self) -> PrivateCluster:
         self._run(str(_bin("initdb")), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        if self.trust:
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.trust} trust\n")
         self.start()
         return self
 
     def start(self) -> None:
-        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off"
+        addresses = ",".join(("127.0.0.1", *self.listen))
+        opts = f"-p {self.port} -c listen_addresses={addresses} -k {self.dir} -c fsync=off"
         self._run(
             str(_bin("pg_ctl")), "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start"
         )

@@ -1,7 +1,10 @@
 """A node's share of a live run, built from the run's recorded configuration and its log.
 
-This machine's rollout engines (``--engines``) and, when it runs them, every trainer cell
-(``--trainers all``), resumed after the run's last publication. Engines are named
+This machine's rollout engines (``--engines``) and the trainer cells it runs (``--trainers``:
+all, or some, as cell numbers), resumed after the run's last publication. The node that runs
+the core (cell 0) starts a world of trainer cells and records it in the log
+(``trainer.world_started``: the rendezvous address, the queue keys, the step and policy it
+resumes from); a node that runs satellites only joins the newest recorded world. Engines are named
 ``<run>:pool-<n>``, numbered from ``--engine-offset`` so that several nodes name theirs apart.
 Under a policy that moves cells (elastic, colocate) the trainer cells are elastic cells, each
 also hosting its rollout engine ``<run>:cell-<i>`` of ``engine_capacity`` executions. Every
@@ -11,13 +14,18 @@ by ``tools/sglang_setup.sh serve``.
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
+import socket
+import struct
 import uuid
 from pathlib import Path
 
-from gyre_proxy.engines import free_port
-from gyre_store import EventLog, cell_engine_name
-from gyre_tools.run_config import RunConfig, sglang_serve_command
+from gyre_proxy.engines import WILDCARD_HOSTS, free_port
+from gyre_store import EventLog, EventMetadata, NewEvent, StreamId, TrainerWorldStarted, cell_engine_name
+from gyre_tools.run_config import CORE_CELL, RunConfig, sglang_serve_command, trainer_cells
 from gyre_tools.serve import group_source, packing
+from gyre_train import InvalidConfigError
 from gyre_train.backends import ModelSpec, OptimizerConfig
 from gyre_train.cells import (
     CellConfig,
@@ -28,6 +36,7 @@ from gyre_train.cells import (
     RolloutEngineConfig,
     TrainerPlan,
     resume_point,
+    training_state_path,
 )
 
 
@@ -72,59 +81,149 @@ def node_plan(
         engine(f"{run_id}:pool-{engine_offset + i}", -1, config.seed + engine_offset + i)
         for i in range(count)
     )
-    trainer_plan = None
-    if trainers == "all":
-        training = LiveTraining(
-            steps=config.steps,
-            mu=config.mu,
-            packing=packing(config),
-            groups=group_source(config, run_id),
-            publish=config.train.publish,
+    here = trainer_cells(trainers, config.cells)
+    if not here:
+        return NodePlan(engines=engine_configs)
+    if config.cells_move and len(here) < config.cells:
+        raise InvalidConfigError(
+            f"--trainers {trainers}: under policy {config.policy!r} the cells are also rollout engines "
+            "and move between the roles together; they run on one machine (--trainers all)"
         )
-        resume = resume_point(log, run_id, config.mu, publish_dir)
-        if resume.step < config.steps:
-            spec = ModelSpec(config={}, seed=config.seed, model_dir=resume.model_dir or initial)
-            optimizer = OptimizerConfig(
-                kind=config.train.optimizer,
-                lr=config.train.lr,
-                max_grad_norm=config.train.max_grad_norm,
-                state_path=resume.training_state,  # the moments at the last publication, when kept
+    address = advertise_host or host
+    if address in WILDCARD_HOSTS:
+        raise InvalidConfigError(f"--host {host!r} listens on every address: give --advertise-host too")
+    if CORE_CELL in here:
+        world = _new_world(log, config, run_id=run_id, address=address, dist_port=dist_port)
+        if world is None:
+            return NodePlan(engines=engine_configs)  # the run has trained every step
+    else:
+        world = newest_world(log, run_id)
+        if world is None:
+            return NodePlan(engines=engine_configs)  # no core yet: looked for again later
+        if world.cells != config.cells:
+            raise InvalidConfigError(
+                f"the core's world has {world.cells} cells, the run's config {config.cells}"
             )
-            port = dist_port or free_port()
-            # Queue keys of this incarnation of the trainer alone: a resumed trainer (or a run id
-            # used again on one Redis) must never meet an earlier incarnation's claims.
-            incarnation = f"from{resume.step}-{uuid.uuid4().hex[:8]}"
-            cells = tuple(
-                CellConfig(
-                    run_id=run_id,
-                    cell=cell,
-                    cells=config.cells,
-                    redis_url=redis_url,
-                    dist_init=f"tcp://127.0.0.1:{port}",
-                    queue=QueueConfig(
-                        prefix=f"gyre:{run_id}:{incarnation}", claim_timeout_s=30.0, poll_s=0.01
-                    ),
-                    model=spec,
-                    optimizer=optimizer,
-                    database_url=database_url,
-                    wait_timeout_s=600.0,
-                )
-                for cell in range(config.cells)
-            )
-            elastic, cell_engines = None, ()
-            if config.cells_move:
-                elastic = ElasticConfig(steps=config.steps, mu=config.mu)
-                cell_engines = tuple(
-                    engine(cell_engine_name(run_id, cell), cell, config.seed + 1000 + cell)
-                    for cell in range(config.cells)
-                )
-            trainer_plan = TrainerPlan(
-                cells,
-                training,
-                publish_dir,
-                resume.step,
-                resume.version,
-                elastic=elastic,
-                engines=cell_engines,
-            )
+    training = LiveTraining(
+        steps=config.steps,
+        mu=config.mu,
+        packing=packing(config),
+        groups=group_source(config, run_id),
+        publish=config.train.publish,
+    )
+    spec = ModelSpec(config={}, seed=config.seed, model_dir=Path(world.model_dir))
+    optimizer = OptimizerConfig(
+        kind=config.train.optimizer,
+        lr=config.train.lr,
+        max_grad_norm=config.train.max_grad_norm,
+        state_path=_kept_state(publish_dir, world.version) if CORE_CELL in here else None,
+    )
+    # gloo must talk on the interface others reach this machine at, once the world spans machines.
+    interface = None if is_loopback(address) else interface_of(address)
+    cells = tuple(
+        CellConfig(
+            run_id=run_id,
+            cell=cell,
+            cells=config.cells,
+            redis_url=redis_url,
+            dist_init=world.dist_init,
+            # Queue keys of this world alone: a resumed trainer (or a run id used again on one
+            # Redis) must never meet an earlier world's claims.
+            queue=QueueConfig(prefix=world.queue_prefix, claim_timeout_s=30.0, poll_s=0.01),
+            model=spec,
+            optimizer=optimizer,
+            database_url=database_url,
+            wait_timeout_s=600.0,
+            dist_interface=interface,
+        )
+        for cell in sorted(here)
+    )
+    elastic, cell_engines = None, ()
+    if config.cells_move:
+        elastic = ElasticConfig(steps=config.steps, mu=config.mu)
+        cell_engines = tuple(
+            engine(cell_engine_name(run_id, cell), cell, config.seed + 1000 + cell)
+            for cell in range(config.cells)
+        )
+    trainer_plan = TrainerPlan(
+        cells,
+        training,
+        publish_dir,
+        world.first_step,
+        world.version,
+        elastic=elastic,
+        engines=cell_engines,
+        world=world.world,
+    )
     return NodePlan(engines=engine_configs, trainers=trainer_plan)
+
+
+def newest_world(log: EventLog, run_id: str) -> TrainerWorldStarted | None:
+    """The newest world of trainer cells run ``run_id``'s core started, or None before any."""
+    worlds = [
+        r.event
+        for r in log.read_stream(StreamId("trainer", run_id))
+        if isinstance(r.event, TrainerWorldStarted)
+    ]
+    return worlds[-1] if worlds else None
+
+
+def _new_world(
+    log: EventLog, config: RunConfig, *, run_id: str, address: str, dist_port: int
+) -> TrainerWorldStarted | None:
+    """A new world of the run's trainer cells, resumed after the last publication and recorded
+    for satellites elsewhere to join; None once every step is trained."""
+    publish_dir = Path(config.run_dir) / "policies"
+    resume = resume_point(log, run_id, config.mu, publish_dir)
+    if resume.step >= config.steps:
+        return None
+    port = dist_port or free_port()
+    world_id = f"from{resume.step}-{uuid.uuid4().hex[:8]}"
+    host = f"[{address}]" if ":" in address else address
+    world = TrainerWorldStarted(
+        run_id=run_id,
+        world=world_id,
+        dist_init=f"tcp://{host}:{port}",
+        queue_prefix=f"gyre:{run_id}:{world_id}",
+        cells=config.cells,
+        first_step=resume.step,
+        version=resume.version,
+        model_dir=str(resume.model_dir or Path(config.model.init)),
+        node=socket.gethostname(),
+    )
+    log.append([NewEvent(world, f"trainer-world:{run_id}:{world_id}", metadata=EventMetadata(run_id=run_id))])
+    return world
+
+
+def _kept_state(publish_dir: Path, version: int) -> Path | None:
+    """The core's optimizer state kept with publication ``version``, if it was."""
+    state = training_state_path(publish_dir, version)
+    return state if version and state.is_file() else None
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def interface_of(address: str) -> str:
+    """The name of this machine's network interface that holds IPv4 ``address`` (or the address
+    a host name resolves to)."""
+    try:
+        wanted = socket.gethostbyname(address)
+    except OSError as exc:
+        raise InvalidConfigError(f"cannot resolve the advertised address {address!r}: {exc}") from exc
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                answer = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on it
+        if socket.inet_ntoa(answer[20:24]) == wanted:
+            return name
+    raise InvalidConfigError(
+        f"no network interface of this machine holds the advertised address {address!r} ({wanted}): "
+        "the trainer cells on other machines could not reach this one"
+    )

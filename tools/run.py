@@ -326,7 +326,7 @@ class LiveRun:
                 "--engine-offset",
                 str(sum(share[:i])),
                 "--trainers",
-                "all" if i == 0 else "none",
+                self.config.trainers if i == 0 else "none",
             ]
             for i in range(n)
         }

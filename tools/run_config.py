@@ -88,6 +88,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     rollout_engines: NonNeg = 2
     engine_capacity: Pos = 8
     nodes: Pos = 1
+    trainers: str = "all"  # trainer cells gyre run starts here; the rest join from other machines
     harness: str = "builtin"
     engine: str = "reference"  # the kind of engine node agents start: reference or sglang
     external_engines: list[str] = msgspec.field(default_factory=list)  # "NAME=URL" or "NAME=URL@CAP"
@@ -194,6 +195,7 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
             f"{where}: nodes ({config.nodes}) cannot exceed rollout_engines ({config.rollout_engines})"
         )
     _check_engines(config, where)
+    _check_trainers(config, where)
     if config.steps % config.mu:
         raise ConfigFileError(
             f"{where}: steps ({config.steps}) must be a whole number of bursts of mu ({config.mu})"
@@ -210,6 +212,45 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
     _check_judge(config, where)
     config.sched()  # the policy and the scheduler's shape are valid
     return config
+
+
+CORE_CELL = 0  # the core among a run's trainer cells; the others are satellites
+
+
+def trainer_cells(spec: str, cells: int, *, what: str = "--trainers") -> frozenset[int]:
+    """The cells ``spec`` names: ``all``, ``none``, or numbers and ranges (``0``, ``1,3``,
+    ``1-3``) of cells ``0`` .. ``cells - 1``; cell 0 is the core."""
+    spec = spec.strip()
+    if spec == "all":
+        return frozenset(range(cells))
+    if spec in ("none", ""):
+        return frozenset()
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise ConfigFileError(
+                f"{what} {spec!r}: all, none, or cell numbers such as 0, 1,2 or 1-3"
+            ) from None
+        if not 0 <= low <= high < cells:
+            raise ConfigFileError(f"{what} {spec!r}: the run's cells are 0 to {cells - 1}")
+        chosen.update(range(low, high + 1))
+    return frozenset(chosen)
+
+
+def _check_trainers(config: RunConfig, where: str) -> None:
+    here = trainer_cells(config.trainers, config.cells, what=f"{where}: trainers")
+    if CORE_CELL not in here:
+        raise ConfigFileError(
+            f"{where}: trainers ({config.trainers!r}) must hold the core, cell 0: gyre run runs it"
+        )
+    if config.cells_move and len(here) < config.cells:
+        raise ConfigFileError(
+            f'{where}: trainers ({config.trainers!r}) must be "all" under policy {config.policy!r}: '
+            "cells that move between the roles run on one machine"
+        )
 
 
 def _check_harness(config: RunConfig, where: str) -> None:
@@ -353,6 +394,7 @@ engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s
 engine = "{c.engine}"    # reference (gyre's own engine) or sglang (python -m sglang.launch_server, from tools/sglang_setup.sh's environment)
 external_engines = {json.dumps(c.external_engines)}    # engines gyre does not start, each "NAME=URL" (capacity engine_capacity) or "NAME=URL@CAP"; they get every publication
 nodes = {c.nodes}                # node agents gyre run starts here (engines spread over them; trainers on the first)
+trainers = "{c.trainers}"         # trainer cells gyre run starts (on its first node): all, or cell numbers with the core, 0 (e.g. "0"); the others run in `gyre node serve --trainers 1-3` on other machines
 harness = "{c.harness}"        # builtin (the built-in agent), claude-code or codex (their first request needs max_context >= about 12,000 and 9,000 + max_tokens)
 run_dir = "{c.run_dir}"           # empty: <data dir>/runs/<run id>; every machine must reach it
 

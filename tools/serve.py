@@ -38,7 +38,7 @@ from gyre_tools.common import add_store_arguments, console, open_store
 from gyre_tools.placement import SandboxPlacement
 from gyre_tools.proxy import registered_proxy
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
-from gyre_tools.run_config import ConfigFileError, RunConfig, parse_config
+from gyre_tools.run_config import CORE_CELL, ConfigFileError, RunConfig, parse_config, trainer_cells
 from gyre_train import (
     AdmissionConfig,
     AdvantageConfig,
@@ -126,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 "--trainers",
                 "GYRE_NODE_TRAINERS",
                 default="all",
-                help="trainer cells here: all or none",
+                help="trainer cells here: all, none, or cell numbers (0 is the core; e.g. 0, 1-3, 1,2); "
+                "a node without the core joins the world of cells the core's node recorded in the log",
             )
             add_env_argument(
                 serve,
@@ -288,7 +289,8 @@ def run_controller(args: argparse.Namespace) -> int:
 
 
 def run_node(args: argparse.Namespace) -> int:
-    from gyre_tools.node_plan import node_plan  # torch and the training stack: only this process
+    # torch and the training stack: only this process
+    from gyre_tools.node_plan import newest_world, node_plan
     from gyre_train.cells import NodeAgent
 
     with open_store(args, upgrade=False, with_redis=True) as opened:
@@ -315,7 +317,17 @@ def run_node(args: argparse.Namespace) -> int:
         # Engines and trainer cells are supervised apart: a trainer world that must start again
         # (its core died) never takes the engines, and their executions, down with it.
         with NodeAgent(plan(args.engines, "none")) as engines:
-            trainers = Trainers(lambda: NodeAgent(plan("none", args.trainers)), any_cell=config.cells_move)
+            here = trainer_cells(args.trainers, config.cells)
+            follow = None
+            if here and CORE_CELL not in here:  # satellites only: they join the world the core's node records
+
+                def follow() -> str | None:
+                    world = newest_world(opened.log, args.run)
+                    return world.world if world is not None else None
+
+            trainers = Trainers(
+                lambda: NodeAgent(plan("none", args.trainers)), any_cell=config.cells_move, follow=follow
+            )
             try:
                 console.print(
                     f"node of run {args.run} (pid {os.getpid()}): {engines.pids() | trainers.pids()}"
@@ -350,10 +362,16 @@ class Trainers:
     role from its steps in the log. The new world resumes after
     the run's last publication (``resume_point``). More than ``MAX_RESTARTS`` deaths in a row,
     each soon after the world started (``RestartPolicy``), give up: a failure every start
-    repeats ends the node agent (exit 3), and with it the run, instead of looping."""
+    repeats ends the node agent (exit 3), and with it the run, instead of looping.
+
+    A node that runs satellites but not the core (``follow``: the newest world the core's node
+    recorded) starts its cells in that world, and again in each newer one the core's node
+    starts: its satellites that died with the old world wait for the new one."""
 
     make: Callable[[], NodeAgent]
     any_cell: bool = False  # elastic cells: any cell's death starts the world again
+    follow: Callable[[], str | None] | None = None
+    followed_at: float = 0.0
     agent: NodeAgent | None = None
     policy: RestartPolicy = field(default_factory=lambda: RestartPolicy(max_in_a_row=Trainers.MAX_RESTARTS))
     started_at: float = field(default_factory=time.monotonic)
@@ -373,6 +391,8 @@ class Trainers:
 
     def step(self) -> str:
         """Note dead cells; start the world again (after a pause) once its core died."""
+        if self.follow is not None:
+            return self._follow()
         agent, note = self.agent, ""
         if agent is not None:
             agent.step()
@@ -405,6 +425,36 @@ class Trainers:
         self.started_at = time.monotonic()
         started = "trainer cells started again, resuming after the last publication"
         return f"{note}; {started}" if note else started
+
+    def _follow(self, every_s: float = 1.0) -> str:
+        """Satellites only: note dead cells; start the cells in the core's newest world."""
+        note = ""
+        if self.agent is not None:
+            self.agent.step()
+            new = [f for f in self.agent.failed if f not in self.noted]
+            self.noted.update(new)
+            note = f"trainer cells died: {', '.join(new)}" if new else ""
+        now = time.monotonic()
+        if now - self.followed_at < every_s:
+            return note
+        self.followed_at = now
+        assert self.follow is not None
+        try:
+            newest = self.follow()
+            plan = self.agent.plan.trainers if self.agent is not None else None
+            if self.agent is not None and newest == (plan.world if plan is not None else None):
+                return note
+            if self.agent is not None:
+                self.agent.__exit__(None, None, None)
+                self.agent = None
+            self.noted.clear()
+            self.agent = self.make().__enter__()
+        except StoreUnavailable as exc:
+            return "; ".join(filter(None, [note, f"the core's world not looked up yet: {exc}"]))
+        self.started_at = time.monotonic()
+        if newest is None:
+            return note
+        return "; ".join(filter(None, [note, f"satellites started in the core's world {newest}"]))
 
     def close(self) -> None:
         if self.agent is not None:

@@ -37,6 +37,7 @@ from gyre_store.catalog.live import (
     RunConfigured,
     TaskDefined,
     TaskSplit,
+    TrainerWorldStarted,
 )
 from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative, Positive
 from gyre_store.catalog.run import (
@@ -161,6 +162,7 @@ __all__ = [
     "TaskDefined",
     "TaskSplit",
     "TitoArrays",
+    "TrainerWorldStarted",
     "TrainingUpdate",
     "WeightsPublished",
     "cell_engine_name",

@@ -76,6 +76,25 @@ class ProxyRegistered(Event, frozen=True, kw_only=True):
     url: str
 
 
+@REGISTRY.register("trainer.world_started", stream="trainer", key="run_id")
+class TrainerWorldStarted(Event, frozen=True, kw_only=True):
+    """The node running the core started a world of the run's ``cells`` trainer cells (each
+    start anew, after a core's death too). Satellites on other machines join the newest:
+    torch.distributed's rendezvous at ``dist_init`` (the address the core's node advertises),
+    their claims under ``queue_prefix``, from policy ``version`` at step ``first_step``, built
+    from the weights in ``model_dir`` (the run's initial checkpoint or a published policy)."""
+
+    run_id: Ident
+    world: Ident  # this world among the run's: part of its queue keys
+    dist_init: str
+    queue_prefix: str
+    cells: Annotated[int, msgspec.Meta(ge=1)]
+    first_step: NonNegative
+    version: NonNegative
+    model_dir: str
+    node: str = ""  # the host name of the core's node
+
+
 @REGISTRY.register("execution.start_requested", stream="execution", key="execution_id")
 class ExecutionStartRequested(Event, frozen=True, kw_only=True):
     """The scheduler decided to start this execution of task ``task_id`` on ``engine``."""

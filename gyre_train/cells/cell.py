@@ -68,6 +68,9 @@ class CellConfig:
     step_delay_s: float = 0.0  # slows each gradient micro-step (tests of slow and dying cells)
     wait_timeout_s: float = 120.0
     position: int = 0  # this process's place inside its cell (0: the leader)
+    # The network interface gloo talks to the other cells on (GLOO_SOCKET_IFNAME): the one that
+    # holds this machine's advertised address when the cells span machines; None: gloo's choice.
+    dist_interface: str | None = None
 
     def __post_init__(self) -> None:
         layout_of(self.model, self.cells, self.cell, self.position)  # raises on a bad place

@@ -47,6 +47,7 @@ class TrainerPlan:
     version: int
     elastic: ElasticConfig | None = None
     engines: tuple[RolloutEngineConfig, ...] = ()
+    world: str = ""  # the world of trainer cells these belong to (``trainer.world_started``)
 
 
 @dataclass(frozen=True, slots=True)

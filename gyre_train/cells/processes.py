@@ -102,6 +102,8 @@ class _Live:
 
 def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) -> None:
     layout = config.layout
+    if config.dist_interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = config.dist_interface  # read when the group is made
     dist.init_process_group(
         config.dist_backend,
         init_method=config.dist_init,
