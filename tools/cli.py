@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gyre_tools.checkpoint",
     "gyre_tools.db",
     "gyre_tools.events",
+    "gyre_tools.export",
     "gyre_tools.projections",
     "gyre_tools.replay",
     "gyre_tools.run",
