@@ -1,60 +1,61 @@
 """``gyre export``: a run's data out of the store, as files other tools read.
 
-* ``parquet`` / ``jsonl``: one row per admitted trajectory of every group training consumed
-  (``gyre_train.trajectories.export``), read by ``datasets.load_dataset("parquet"|"json")``.
-* ``atif``: every candidate trajectory of every execution of the run as one Harbor ATIF v1.4
-  document per line; its messages are decoded from the recorded token ids (the store keeps
-  tokens, not the harness's JSON), so their text is what the model saw.
+* ``parquet`` / ``jsonl``: one row per admitted trajectory of every group a training step
+  consumed, rebuilt by the trainer's own code (``StoreGroupSource.build``) with the run's
+  recorded settings and checked against ``group.consumed``; each row also gets the provenance
+  and policy version of every token. ``datasets.load_dataset("parquet"|"json")`` reads them.
+* ``atif``: executions as Harbor ATIF trajectories (``gyre_tools.export_atif``).
 
-The file is written beside ``--out`` and renamed into place when complete.
+Nothing is appended to the log. The file is written beside ``--out`` and renamed into place
+when complete.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 from rich.progress import Progress
 
-from gyre_proxy.answer import parse_output
-from gyre_proxy.chat import TextBlock, ThinkingBlock, ToolUseBlock
-from gyre_proxy.engines import Tokenizer, qwen_tokenizer
-from gyre_proxy.ingest.checkpoint import load_tokenizer
+from gyre_proxy.engines import CheckpointTokenizer, Tokenizer, qwen_tokenizer
 from gyre_store import (
     ConfigError,
+    EvaluationsProjection,
+    EventLog,
+    GroupConsumed,
+    GroupsProjection,
+    ModelCallRecorded,
     PostgresEventLog,
     PostgresProjectionStore,
-    Provenance,
+    ProjectionStore,
     RunConfigured,
     RunStarted,
     StreamId,
     catch_up,
+    iterate,
 )
-from gyre_store.trees import Candidate, TreeRecord, TreeView
+from gyre_store.trees import TreeProjection, TreeView
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, all_projections, console, open_store
+from gyre_tools.export_atif import write_atif
+from gyre_tools.run_config import RunConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from gyre_train.trajectories.buffer import GroupSourceConfig
-    from gyre_train.trajectories.export import ExportedRow
+    from gyre_train import GroupSourceConfig
 
 FORMATS = ("parquet", "jsonl", "atif")
-ATIF_VERSION = "ATIF-v1.4"
-_SAMPLED, _TEMPLATE = int(Provenance.SAMPLED), int(Provenance.TEMPLATE)
-# Tokens that end a turn in the template families the proxy knows (qwen, llama3): sampled, but
-# markup, not the message.
-TURN_ENDS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
 
 
 def register(subparsers: Any) -> None:
@@ -87,7 +88,6 @@ def run_settings(log: PostgresEventLog, run_id: str) -> GroupSourceConfig:
     ``run.configured`` carries the whole config (``gyre run``); a run without it (recorded by
     hand or by an older gyre) has J_max from ``run.started`` and the defaults otherwise, which
     the check against ``group.consumed`` then confirms or refuses."""
-    from gyre_tools.run_config import RunConfig
     from gyre_train import AdmissionConfig, AdvantageConfig, GroupSourceConfig
 
     configured = started = None
@@ -111,6 +111,193 @@ def run_settings(log: PostgresEventLog, run_id: str) -> GroupSourceConfig:
         )
     jmax = started.max_trajectories if started is not None else AdmissionConfig().max_trajectories
     return GroupSourceConfig(admission=AdmissionConfig(max_trajectories=jmax), run_id=run_id)
+
+
+# -- the admitted trajectories ------------------------------------------------------------------
+
+UNKNOWN_VERSION = -1  # a token no engine sampled, or sampled under a version the engine did not name
+
+
+class ExportError(ConfigError):
+    """The run cannot be exported as asked."""
+
+    def __init__(self, detail: str = "") -> None:
+        doc = (type(self).__doc__ or "").strip().rstrip(".")
+        super().__init__(f"{doc}: {detail}" if detail else doc)
+
+
+class UnknownRunError(ExportError):
+    """No such run in the store (no run.started, run.configured or consumed group names it)."""
+
+
+class AdmissionMismatchError(ExportError):
+    """Admission replayed with the run's recorded settings does not give what training recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedGroup:
+    """One ``group.consumed`` fact: step ``step`` trained on ``group_id``."""
+
+    group_id: str
+    step: int
+    trajectories: int
+    target_tokens: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ExportedRow:
+    """One admitted trajectory as training saw it, with its provenance.
+
+    Arrays are per token of the row (the root-to-leaf path up to the row's last target):
+    ``target_mask`` marks the loss targets, ``behaviour_logprobs`` is 0 at non-targets (as in
+    ``TokenRow``), ``provenance`` holds ``gyre_store.Provenance`` codes and ``policy_versions``
+    the weight version each sampled token came from (``UNKNOWN_VERSION`` elsewhere).
+    """
+
+    run_id: str
+    step: int
+    group_id: str
+    group_policy_version: int  # the version the group was dispatched under
+    execution_id: str
+    trajectory: int  # draw index within the execution
+    leaf_request_id: str  # the model call that ends the trajectory
+    leaf_class: str
+    advantage: float
+    token_ids: npt.NDArray[np.int32]
+    target_mask: npt.NDArray[np.bool_]
+    behaviour_logprobs: npt.NDArray[np.float32]
+    provenance: npt.NDArray[np.uint8]
+    policy_versions: npt.NDArray[np.int32]
+
+    @property
+    def target_count(self) -> int:
+        return int(self.target_mask.sum())
+
+
+def run_exists(log: EventLog, run_id: str) -> bool:
+    """Whether the log names ``run_id`` (its run stream, or any consumed group of it)."""
+    if log.read_stream(StreamId("run", run_id)):
+        return True
+    return bool(consumed_groups(log, run_id))
+
+
+def consumed_groups(log: EventLog, run_id: str) -> list[ConsumedGroup]:
+    """The run's consumed groups in the order training took them."""
+    return [
+        ConsumedGroup(r.event.group_id, r.event.step, r.event.trajectories, r.event.target_tokens)
+        for r in iterate(log, types=["group.consumed"])
+        if isinstance(r.event, GroupConsumed) and r.event.run_id == run_id
+    ]
+
+
+Spans = dict[str, tuple[tuple[int, int], ...]]  # request id -> (first output token, version)
+
+
+def weight_spans(log: EventLog, execution_id: str) -> Spans:
+    """Each record's weight-version spans: they are in the record's event, not in the tree."""
+    return {
+        r.event.request_id: r.event.weight_versions
+        for r in log.read_stream(StreamId("calls", execution_id))
+        if isinstance(r.event, ModelCallRecorded)
+    }
+
+
+def token_versions(view: TreeView, spans: Spans, path: list[int], length: int) -> npt.NDArray[np.int32]:
+    """The policy version of every token on ``path`` (node ids, root first), cut to ``length``.
+
+    Output tokens take their version from their record's spans (an output that crossed a
+    publication has several); every other token is ``UNKNOWN_VERSION``.
+    """
+    parts = []
+    for node_id in path:
+        node = view.nodes[node_id]
+        out = np.full(node.tokens.shape[0], UNKNOWN_VERSION, dtype=np.int32)  # [n_node]
+        record = view.records.get(node.request_id)
+        if node.kind == "output" and record is not None:
+            offsets = np.arange(node.start, node.end) - record.input_len  # output offsets
+            for first, version in spans.get(node.request_id, ()):
+                out[offsets >= first] = version  # spans are in order: later ones overwrite
+        parts.append(out)
+    return np.concatenate(parts)[:length] if parts else np.zeros(0, np.int32)
+
+
+def exported_rows(
+    log: EventLog,
+    store: ProjectionStore,
+    run_id: str,
+    config: GroupSourceConfig,
+    groups: list[ConsumedGroup] | None = None,
+) -> Iterator[ExportedRow]:
+    """Every admitted trajectory of the run's consumed groups, group by group, in draw order.
+
+    ``config`` must be the run's own (its J_max, advantage scaling and seed) for the rows to be
+    the ones training used; each group's trajectory and target counts are checked against its
+    ``group.consumed`` record and a difference raises ``AdmissionMismatchError``. Raises
+    ``UnknownRunError`` for a run the log does not name.
+    """
+    # gyre_train (and torch behind it) is imported only when an export runs, as in gyre ablate.
+    from gyre_train import StoreGroupSource, admission_rng, admit, stored_execution
+
+    if groups is None:
+        if not run_exists(log, run_id):
+            raise UnknownRunError(repr(run_id))
+        groups = consumed_groups(log, run_id)
+    head = log.head()
+    for projection in (TreeProjection(), EvaluationsProjection(), GroupsProjection()):
+        catch_up(log, store, projection, until=head)
+    source = StoreGroupSource(log, store, config, refresh=False)
+    for consumed in groups:
+        ready = source.build(consumed.group_id)
+        rows = sum(len(e.rows) for e in ready.executions)
+        targets = sum(r.target_count for e in ready.executions for r in e.rows)
+        if (rows, targets) != (consumed.trajectories, consumed.target_tokens):
+            raise AdmissionMismatchError(
+                f"group {consumed.group_id} gives {rows} trajectories and {targets} targets, step "
+                f"{consumed.step} recorded {consumed.trajectories} and {consumed.target_tokens}"
+            )
+        for execution in ready.executions:
+            if not execution.rows:
+                continue
+            # The rows carry no path; admission is replayed with the same seed to find each one's.
+            view = TreeView.load(store, execution.execution_id)
+            stored = stored_execution(view)
+            admission = admit(
+                stored.tree, config.admission, admission_rng(config.seed, execution.execution_id)
+            )
+            by_draw = {t.draw: t for t in admission.trajectories}
+            leaves = {c.leaf: c for c in view.candidates()}
+            spans = weight_spans(log, execution.execution_id)
+            for row in execution.rows:
+                drawn = by_draw[row.trajectory]
+                path = [stored.node_ids[i] for i in stored.tree.paths[drawn.leaf_index].tolist()]
+                provenance = np.concatenate([view.nodes[n].provenance for n in path])[: len(row)]
+                leaf = leaves[path[-1]]
+                yield ExportedRow(
+                    run_id=run_id,
+                    step=consumed.step,
+                    group_id=ready.group_id,
+                    group_policy_version=ready.policy_version,
+                    execution_id=execution.execution_id,
+                    trajectory=row.trajectory,
+                    leaf_request_id=leaf.request_id,
+                    leaf_class=leaf.leaf_class.value,
+                    advantage=execution.advantage,
+                    token_ids=row.token_ids,
+                    target_mask=row.target_mask,
+                    behaviour_logprobs=row.behaviour_logprobs,
+                    provenance=provenance,
+                    policy_versions=token_versions(view, spans, path, len(row)),
+                )
+
+
+def tokenizer(model_dir: Path | None) -> Tokenizer:
+    """The tokenizer that decodes ATIF messages: the checkpoint's, or the bundled Qwen3.6 one."""
+    if model_dir is None:
+        return qwen_tokenizer()
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"--model {model_dir} has no tokenizer.json (write it with save_pretrained)")
+    return CheckpointTokenizer(path, name=model_dir.name)
 
 
 # -- writing -------------------------------------------------------------------------------------------
@@ -216,200 +403,15 @@ def write_rows(rows_by_group: Iterator[list[ExportedRow]], path: Path, fmt: str)
     return count
 
 
-# -- ATIF ----------------------------------------------------------------------------------------------
-
-
-def message_spans(view: TreeView, path: Sequence[int]) -> list[tuple[int, int]]:
-    """[start, end) path offsets of each message on ``path``: the recorded message ends, and each
-    record output on the path as a span of its own."""
-    end = view.nodes[path[-1]].end
-    on_path = set(path)
-    cuts = {0, end}
-    for node_id in path:
-        cuts.update(int(e) for e in view.nodes[node_id].msg_ends)
-    for record in view.records.values():
-        if record.end_node in on_path and record.output_len:
-            cuts.update((record.input_len, record.input_len + record.output_len))
-    ordered = sorted(c for c in cuts if 0 <= c <= end)
-    return list(itertools.pairwise(ordered))
-
-
-def _content(tok: Tokenizer, ids: np.ndarray[Any, Any], prov: np.ndarray[Any, Any]) -> str:
-    """The text of a harness-supplied message: its tokens without the template's markup."""
-    return tok.decode(ids[prov != _TEMPLATE].tolist()).strip()
-
-
-def _runs(prov: np.ndarray[Any, Any], code: int) -> list[tuple[int, int]]:
-    """Maximal [start, end) runs of ``code`` in ``prov`` (each tool result of a message)."""
-    flags = np.concatenate([[False], prov == code, [False]]).astype(np.int8)
-    edges = np.flatnonzero(np.diff(flags))
-    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
-
-
-def agent_fields(tok: Tokenizer, text: str, thinking_open: bool, call_prefix: str) -> dict[str, Any]:
-    """message, reasoning_content and tool_calls of an assistant output, parsed as the proxy
-    parses what an engine samples (Hermes ``<tool_call>`` JSON; reasoning in ``<think>``)."""
-    counter = iter(range(1_000_000))
-    parsed = parse_output(
-        text, thinking_open=thinking_open, id_factory=lambda: f"{call_prefix}{next(counter)}"
-    )
-    fields: dict[str, Any] = {
-        "message": "\n\n".join(b.text for b in parsed.blocks if isinstance(b, TextBlock))
-    }
-    reasoning = "\n\n".join(b.thinking for b in parsed.blocks if isinstance(b, ThinkingBlock))
-    if reasoning:
-        fields["reasoning_content"] = reasoning
-    calls = []
-    for block in parsed.blocks:
-        if isinstance(block, ToolUseBlock):
-            try:
-                arguments = json.loads(block.input_json or "{}")
-            except json.JSONDecodeError:
-                arguments = None
-            if not isinstance(arguments, dict):
-                arguments = {"input": block.input_json}
-            calls.append({"tool_call_id": block.id, "function_name": block.name, "arguments": arguments})
-    if calls:
-        fields["tool_calls"] = calls
-    return fields
-
-
-def atif_document(
-    view: TreeView, candidate: Candidate, tok: Tokenizer, *, agent: dict[str, Any], extra: dict[str, Any]
-) -> dict[str, Any]:
-    """One candidate trajectory (its root-to-leaf path) as an ATIF document.
-
-    Each recorded message becomes a step: system and user messages as ``system``/``user`` steps
-    (evaluator critique as a ``user`` step marked in ``extra``), a record's output as an
-    ``agent`` step with its token ids and behaviour logprobs in ``metrics``, harness-supplied
-    assistant text as an ``agent`` step marked ``injected_assistant``, and tool results as the ``observation``
-    of the agent step before them (matched to its tool calls in order: the tokens hold no ids).
-    """
-    path = list(candidate.path)
-    ids, prov = view.sequence(candidate.leaf)
-    outputs = {(r.input_len, r.input_len + r.output_len): r for r in view.records.values() if r.output_len}
-    ends = {tok.specials[t] for t in TURN_ENDS if t in tok.specials}
-    steps: list[dict[str, Any]] = []
-    last_agent: dict[str, Any] | None = None
-    prompt_total = completion_total = 0
-    for start, end in message_spans(view, path):
-        seg_ids, seg_prov = ids[start:end], prov[start:end]
-        content = seg_prov[seg_prov != _TEMPLATE]
-        kind = int(np.bincount(content).argmax()) if content.size else _TEMPLATE
-        record: TreeRecord | None = outputs.get((start, end))
-        step: dict[str, Any]
-        if record is not None or kind in (_SAMPLED, Provenance.INJECTED_ASSISTANT):
-            body = seg_ids
-            if record is None:  # an assistant message in a later context: drop the role header
-                inside = np.flatnonzero(seg_prov != _TEMPLATE)
-                body = seg_ids[int(inside[0]) : int(inside[-1]) + 1]
-            while body.size and int(body[-1]) in ends:
-                body = body[:-1]
-            before = tok.decode(ids[max(0, start - 4) : start].tolist())
-            step = {"source": "agent"} | agent_fields(
-                tok,
-                tok.decode(body.tolist()),
-                thinking_open=before.rstrip().endswith("<think>"),
-                call_prefix=f"{record.request_id if record else start}-call-",
-            )
-            if record is not None:
-                _, logprobs = view.output_of(record.request_id)
-                step["metrics"] = {
-                    "prompt_tokens": record.input_len,
-                    "completion_tokens": record.output_len,
-                    "completion_token_ids": seg_ids.tolist(),
-                }
-                if bool((seg_prov == _SAMPLED).all()) and bool(np.isfinite(logprobs).all()):
-                    step["metrics"]["logprobs"] = logprobs.tolist()  # behaviour logprobs, per token
-                step["extra"] = {"request_id": record.request_id, "finish": record.finish}
-                prompt_total += record.input_len
-                completion_total += record.output_len
-            elif kind == Provenance.INJECTED_ASSISTANT:
-                step["extra"] = {"injected_assistant": True}
-            last_agent = step
-        elif not content.size:
-            continue  # template markup only (a generation prompt)
-        else:
-            if kind == Provenance.TOOL_RESULT and last_agent is not None:
-                calls = last_agent.get("tool_calls", [])
-                results = last_agent.setdefault("observation", {"results": []})["results"]
-                for a, b in _runs(seg_prov, kind):
-                    result: dict[str, Any] = {"content": tok.decode(seg_ids[a:b].tolist()).strip()}
-                    if len(results) < len(calls):
-                        result["source_call_id"] = calls[len(results)]["tool_call_id"]
-                    results.append(result)
-                continue
-            source = "system" if kind == Provenance.SYSTEM else "user"
-            step = {"source": source, "message": _content(tok, seg_ids, seg_prov)}
-            if kind not in (Provenance.USER, Provenance.SYSTEM):  # critique, or an unanswered tool result
-                step["extra"] = {"provenance": Provenance(kind).name.lower()}
-        steps.append(step)
-    return {
-        "schema_version": ATIF_VERSION,
-        "session_id": f"{view.execution_id}/{candidate.request_id}",
-        "agent": agent,
-        "steps": [{"step_id": number, **step} for number, step in enumerate(steps, start=1)],
-        "final_metrics": {
-            "total_prompt_tokens": prompt_total,
-            "total_completion_tokens": completion_total,
-            "total_steps": len(steps),
-        },
-        "extra": extra,
-    }
-
-
-def write_atif(
-    log: PostgresEventLog, store: PostgresProjectionStore, run_id: str, tok: Tokenizer, out: IO[str]
-) -> int:
-    """Every candidate trajectory of every execution of the run, one ATIF document per line."""
-    started = next(
-        (r.event for r in log.read_stream(StreamId("run", run_id)) if isinstance(r.event, RunStarted)), None
-    )
-    executions = sorted({str(r["execution_id"]) for r in store.select("gyre_tree_records", "run_id", run_id)})
-    groups = {
-        str(r["execution_id"]): str(r["group_id"])
-        for eid in executions
-        for r in store.select("gyre_group_members", "execution_id", eid)
-    }
-    count = 0
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("executions", total=len(executions))
-        for execution_id in executions:
-            view = TreeView.load(store, execution_id)
-            agent = {"name": started.harness if started is not None else "unknown", "version": "unknown"}
-            if started is not None:
-                agent["model_name"] = started.model
-            for candidate in sorted(view.candidates(), key=lambda c: view.records[c.request_id].seq):
-                extra = {
-                    "run_id": run_id,
-                    "execution_id": execution_id,
-                    "group_id": groups.get(execution_id),
-                    "leaf_request_id": candidate.request_id,
-                    "leaf_class": candidate.leaf_class.value,
-                }
-                document = atif_document(view, candidate, tok, agent=agent, extra=extra)
-                out.write(msgspec.json.encode(document).decode() + "\n")
-                count += 1
-            progress.advance(task)
-    return count
-
-
 # -- the command ---------------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> int:
-    from gyre_train.trajectories.export import (
-        UnknownRunError,
-        consumed_groups,
-        exported_rows,
-        run_exists,
-    )
-
     out = Path(args.out)
     check_out(out)
     tok: Tokenizer | None = None
     if args.format == "atif":
-        tok = load_tokenizer(Path(args.model)) if args.model else qwen_tokenizer()
+        tok = tokenizer(Path(args.model) if args.model else None)
     with open_store(args) as opened:
         log = opened.log
         if not run_exists(log, args.run):
