@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import multiprocess
 
 from gyre_proxy import (
     ChatFormatError,
@@ -39,6 +42,9 @@ from gyre_store import (
 )
 from gyre_tools.cli import add_env_argument
 from gyre_tools.common import add_store_arguments, console, open_store
+
+# prometheus_client's multiprocess mode reads this variable when it is imported.
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def register(subparsers: Any) -> None:
@@ -215,6 +221,10 @@ def run_serve(args: argparse.Namespace) -> int:
         run_id=args.run,
         spool_dir=spool,
         answers_log=Path(args.answers_log) if args.answers_log else None,
+        # Set by `--workers N` for its workers: /metrics then sums every worker's values.
+        metrics_dir=Path(os.environ[METRICS_DIR_ENV])
+        if args.worker_index is not None and os.environ.get(METRICS_DIR_ENV)
+        else None,
     )
     # SIGTERM (how a process manager, `gyre run` or a test stops it) ends the serving loop like
     # Ctrl-C does, so the spooled records are written; its default action would drop them.
@@ -317,6 +327,9 @@ def supervise(args: argparse.Namespace) -> int:
     os.close(fd)
     table = Path(name)
     WorkerTable.create(table, workers=args.workers)
+    # The workers' metrics, summed by whichever worker answers a scrape (service/metrics.py).
+    metrics_dir = Path(tempfile.mkdtemp(prefix="gyre-proxy-metrics-", dir=shm if shm.is_dir() else None))
+    env = {**os.environ, METRICS_DIR_ENV: str(metrics_dir)}
     signals = SignalStop()  # SIGINT or SIGTERM
     stopping = signals.install()
 
@@ -324,7 +337,9 @@ def supervise(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "gyre_tools.cli", *sys.argv[1:]]
         # A session of its own: a terminal's Ctrl-C reaches this process, which stops them in order.
         return subprocess.Popen(
-            [*argv, "--worker-index", str(index), "--worker-table", str(table)], start_new_session=True
+            [*argv, "--worker-index", str(index), "--worker-table", str(table)],
+            start_new_session=True,
+            env=env,
         )
 
     workers = [start(i) for i in range(args.workers)]
@@ -338,6 +353,8 @@ def supervise(args: argparse.Namespace) -> int:
                     console.print(
                         f"gyre proxy: worker {i} (pid {worker.pid}) exited with {worker.returncode}; starting it again"
                     )
+                    # Its requests in flight are gone; its counters stay in the sums.
+                    multiprocess.mark_process_dead(worker.pid, str(metrics_dir))
                     time.sleep(1.0)
                     workers[i] = start(i)
     finally:
@@ -351,6 +368,7 @@ def supervise(args: argparse.Namespace) -> int:
                 worker.kill()
         signals.restore()
         table.unlink(missing_ok=True)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

@@ -23,12 +23,13 @@ from gyre_proxy.answer.output_parser import (
     parser_for,
     stop_reason_for,
 )
-from gyre_proxy.answer.pipeline import AnswerPipeline, ExecutionSync
+from gyre_proxy.answer.pipeline import AnswerObserver, AnswerPipeline, ExecutionSync
 from gyre_proxy.answer.routing import Binding, Lookup, RoutedEngine, Router
 
 __all__ = [
     "MAX_ATTEMPTS",
     "AnswerMachine",
+    "AnswerObserver",
     "AnswerPipeline",
     "Attempt",
     "Binding",

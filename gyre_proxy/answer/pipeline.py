@@ -76,6 +76,16 @@ class ExecutionSync(Protocol):
         ...
 
 
+class AnswerObserver(Protocol):
+    """Told of every finished answer (``ProxyMetrics`` in ``service/metrics.py``)."""
+
+    def answered(self, input_tokens: int, output_tokens: int, added_s: float) -> None:
+        """An answer finished with the usage it reported; ``added_s``: its seconds in the
+        pipeline (matching, encoding, routing, the answer machine, staging, moves between
+        engines) that were not spent waiting on an engine's stream."""
+        ...
+
+
 @dataclass
 class _Sequences:
     """Full token sequences (input + output) of an execution's recent records."""
@@ -98,6 +108,7 @@ class AnswerPipeline:
         max_executions: int = 4096,
         inline_chars: int = 8192,
         sync: ExecutionSync | None = None,
+        observer: AnswerObserver | None = None,
     ) -> None:
         self.ingestor = ingestor
         self.router = router
@@ -108,6 +119,7 @@ class AnswerPipeline:
         self.max_executions = max_executions
         self.inline_chars = inline_chars
         self.sync = sync
+        self.observer = observer
         self.prepared_inline = 0  # requests encoded on the event loop (the rest went to a thread)
         self._seqs: dict[str, _Sequences] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -315,6 +327,7 @@ class AnswerPipeline:
         through the machine, and carry out the machine's effects (events to the harness,
         engine aborts, reroutes, records staged with their timings)."""
         ex = execution.execution_id
+        began = time.perf_counter()
         self._loop = asyncio.get_running_loop()
         if self.sync is not None and not await self.sync.fresh(ex):
             await self._reload(ex)
@@ -351,11 +364,17 @@ class AnswerPipeline:
                     raise Overloaded("no engine is accepting requests; retry later") from exc
                 attempt = machine.start(routed.name)
                 self._in_flight[ex] = (routed, attempt.rid, execution.run_id)
+                # The proxy's added latency is its time in here less the waits on the engine's
+                # stream: from asking for the stream (or its next delta) to getting it.
+                waiting: float | None = time.perf_counter()
                 try:
                     stream = routed.engine.generate_stream(
                         attempt.context.tolist(), attempt.sampling, rid=attempt.rid
                     )
                     async for delta in stream:
+                        assert waiting is not None  # set at the end of every pass
+                        timing.engine_s += time.perf_counter() - waiting
+                        waiting = None
                         timing.saw(delta)
                         try:
                             steps = machine.on_delta(delta)
@@ -372,6 +391,7 @@ class AnswerPipeline:
                                 yield step
                         if machine.stop_sequence is not None:
                             break
+                        waiting = time.perf_counter()
                 except EngineBadRequest as exc:
                     if isinstance(exc, ContextLengthExceeded):
                         raise ContextTooLong(input_tokens=n_in, limit=self.context_limit) from exc
@@ -381,6 +401,8 @@ class AnswerPipeline:
                     # another engine; the attempt's record says why.
                     machine.fail(f"{type(exc).__name__}: {exc}"[:500])
                 finally:
+                    if waiting is not None:  # the stream ended, or failed, while the proxy waited on it
+                        timing.engine_s += time.perf_counter() - waiting
                     self._in_flight.pop(ex, None)
                 ending = machine.end_attempt()
                 if machine.completed:
@@ -394,6 +416,9 @@ class AnswerPipeline:
                     elif isinstance(outcome, GiveUp):
                         raise Overloaded("no engine could finish this request; retry later")
                     else:
+                        if isinstance(outcome, MessageDone) and self.observer is not None:
+                            added = time.perf_counter() - began - timing.engine_s
+                            self.observer.answered(outcome.input_tokens, outcome.output_tokens, added)
                         yield outcome
         except (GeneratorExit, asyncio.CancelledError):
             # The harness went away mid-answer: stop the engine and keep what was sampled.
@@ -448,6 +473,7 @@ class _Timing:
 
     started: float
     first_token_s: float = 0.0
+    engine_s: float = 0.0  # waiting on the engines' streams (perf_counter seconds)
 
     def saw(self, delta: GenerateDelta) -> None:
         if not self.first_token_s and delta.output_ids.shape[0]:

@@ -30,6 +30,8 @@ SSE_MEDIA_TYPE = "text/event-stream"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 COMMENT_PING = b": ping\n\n"
 DATA_DONE = b"data: [DONE]\n\n"
+# The ASGI scope key under which a stream that ended with an error event leaves that ApiError.
+STREAM_ERROR_KEY = "gyre.stream_error"
 
 
 def named_event(name: str, payload: bytes) -> bytes:
@@ -266,9 +268,9 @@ class SSEResponse(Response):
             item = self._first
             while True:
                 try:
-                    last = _frames(item, framing, frames)
+                    last = _frames(item, framing, frames, scope)
                 except Exception as exc:  # the status line is sent: errors now travel as an event
-                    frames.append(framing.error(as_api_error(exc)))
+                    frames.append(_error_frame(scope, framing, as_api_error(exc)))
                     last = True
                 if last:
                     await send({"type": "http.response.body", "body": b"".join(frames), "more_body": False})
@@ -281,7 +283,7 @@ class SSEResponse(Response):
                 try:
                     item = await pump.next(self._ping_interval_s)
                 except Exception as exc:
-                    frames.append(framing.error(as_api_error(exc)))
+                    frames.append(_error_frame(scope, framing, as_api_error(exc)))
                     item = _FAILED
         finally:
             # Close first: if the watcher is closing the pump already, this waits for it.
@@ -293,19 +295,28 @@ class SSEResponse(Response):
 _FAILED = object()  # the source raised; its error frame is already queued
 
 
-def _frames(item: object, framing: StreamFraming[Any], out: list[bytes]) -> bool:
+def _frames(item: object, framing: StreamFraming[Any], out: list[bytes], scope: Scope) -> bool:
     """Append ``item``'s frames to ``out``; True when the stream ends with them."""
     if item is _FAILED:
         return True
     if item is Pulse.END:
         if not framing.finished():
-            out.append(framing.error(ApiError("the model's answer ended before it was complete")))
+            out.append(
+                _error_frame(scope, framing, ApiError("the model's answer ended before it was complete"))
+            )
         return True
     if item is Pulse.TICK:
         out.append(framing.ping)
         return False
     out.extend(framing.encode(item))
     return False
+
+
+def _error_frame(scope: Scope, framing: StreamFraming[Any], err: ApiError) -> bytes:
+    """The error event ending a stream; the error is noted in the request's scope
+    (``STREAM_ERROR_KEY``), where middleware that counts errors finds it after the response."""
+    scope[STREAM_ERROR_KEY] = err
+    return framing.error(err)
 
 
 async def _close_on_disconnect(receive: Receive, pump: EventPump[Any]) -> None:

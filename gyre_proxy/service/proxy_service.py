@@ -28,6 +28,7 @@ from gyre_proxy.harness import plugin_for
 from gyre_proxy.ingest import ChatFormat, CritiqueBook, Ingestor, Qwen3Template, RecordSpool, load_chat_format
 from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
+from gyre_proxy.service.metrics import ProxyMetrics, metered
 from gyre_store import EngineRegistered, ExecutionRerouted, ExecutionStarted, StoreUnavailable, subscribe
 from gyre_store.log import EventLog, RecordedEvent, StreamId
 from gyre_store.trees import TrajectoryRecorder
@@ -64,6 +65,9 @@ class ProxyConfig:
     spool_store: str = ""  # the store the records are for (its URL without credentials)
     answers_log: Path | None = None  # a JSON line per model-call record staged (``AnswerLog``)
     replay_wait_s: float = 30.0  # how long serving waits for the records a predecessor left
+    # The folder the workers of `--workers N` write their metrics to (prometheus_client's
+    # multiprocess mode, switched on by PROMETHEUS_MULTIPROC_DIR); None: this process's only.
+    metrics_dir: Path | None = None
 
 
 def chat_format(model_dir: Path | None) -> ChatFormat:
@@ -112,6 +116,7 @@ class ProxyService:
             recorder, chat_format(config.model_dir), plugin_for(config.harness), self.critiques
         )
         self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
+        self.metrics = ProxyMetrics(multiprocess_dir=config.metrics_dir)
         self.pipeline = AnswerPipeline(
             self.ingestor,
             self.router,
@@ -119,6 +124,7 @@ class ProxyService:
             context_limit=config.context_limit,
             max_tokens=config.max_tokens,
             sync=sync,
+            observer=self.metrics,
         )
         self.keys = StoreKeys(log)
         self.app: Starlette = build_app(
@@ -129,9 +135,9 @@ class ProxyService:
             evaluations=self.evaluations,
             counters=self._counters,
         )
-        served: Any = (
-            self.app if worker is None else with_header(self.app, WORKER_HEADER, f"{worker} {os.getpid()}")
-        )
+        served: Any = metered(self.app, self.metrics)  # and /metrics
+        if worker is not None:
+            served = with_header(served, WORKER_HEADER, f"{worker} {os.getpid()}")
         self.server = proxy_server(served, host=config.host, port=config.port, sock=sock)
 
     def _counters(self) -> dict[str, int]:
