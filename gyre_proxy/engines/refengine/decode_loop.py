@@ -63,6 +63,15 @@ class StepEvent:
 EventSink = Callable[[StepEvent], None]
 
 
+@dataclass(frozen=True)
+class LoopLoad:
+    """What the decode loop holds at one moment (``DecodeLoop.load``)."""
+
+    waiting: int  # submitted, not yet admitted to a pass
+    running: int  # admitted: prefilling or decoding
+    kv_tokens: int  # positions whose KV the running requests' caches hold
+
+
 @dataclass
 class _Request:
     rid: str
@@ -122,6 +131,7 @@ class DecodeLoop:
         self._jobs: collections.deque[_Job] = collections.deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="gyre-decode-loop", daemon=True)
+        self.generated_tokens = 0  # every token chosen for a request, since the loop was made
 
     # -- called from other threads ------------------------------------------------------------
 
@@ -140,6 +150,12 @@ class DecodeLoop:
     def in_flight(self) -> int:
         with self._cond:
             return len(self._waiting) + len(self._active)
+
+    def load(self) -> LoopLoad:
+        """The requests waiting and decoding now, and the tokens the decoding ones hold KV for."""
+        with self._cond:
+            kv = sum(len(r.input_ids) + len(r.produced) for r in self._active.values() if r.cache is not None)
+            return LoopLoad(waiting=len(self._waiting), running=len(self._active), kv_tokens=kv)
 
     def submit(
         self,
@@ -389,6 +405,7 @@ class DecodeLoop:
             forced=forced,
         )
         request.produced.append(choice.token)
+        self.generated_tokens += 1  # only this thread writes it
         finish = self._finish_reason(request, choice.token)
         with self._cond:
             if request.rid not in self._active:

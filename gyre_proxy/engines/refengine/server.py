@@ -9,7 +9,7 @@ cumulative unless the engine runs with ``incremental_streaming_output``, ended b
 Mooncake, a JSON descriptor of where it lies in the source's memory; a refusal carries a
 ``code`` beside its message. ``/pause_generation`` (modes ``in_place`` and ``abort``) and
 ``/continue_generation`` behave as SGLang's: while paused, new requests wait and a weight
-update runs at once.
+update runs at once. ``/metrics`` gives the engine's Prometheus metrics (``metrics.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from gyre_proxy.engines import wire as engine_api
 from gyre_proxy.engines.client import ContinueGenerationRequest, PauseGenerationRequest
 from gyre_proxy.engines.refengine.decode_loop import StepEvent
 from gyre_proxy.engines.refengine.engine import ReferenceEngine
+from gyre_proxy.engines.refengine.metrics import CONTENT_TYPE, engine_registry, exposition
 from gyre_proxy.engines.weights import GYRE_SAFETENSORS_FORMAT
 from gyre_proxy.exceptions import KvRefused, ModelLoadError, RequestRejected
 
@@ -159,6 +160,11 @@ def build_app(engine: ReferenceEngine) -> Starlette:
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
+
+    registry = engine_registry(engine)
+
+    async def metrics(request: Request) -> Response:
+        return Response(exposition(registry), media_type=CONTENT_TYPE)
 
     def info() -> engine_api.ModelInfo:
         return engine_api.ModelInfo(
@@ -368,6 +374,7 @@ def build_app(engine: ReferenceEngine) -> Starlette:
         Route("/continue_generation", rejected(continue_generation), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/model_info", model_info, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
         Route("/get_weight_version", weight_version, methods=["GET"]),
