@@ -7,7 +7,7 @@ Holds no serving or training code: what carries a command out is the sink's busi
 
 from __future__ import annotations
 
-from gyre_sched.live.controller import Clock, Command, Controller, plan_commands
+from gyre_sched.live.controller import Clock, Command, Controller, ControllerView, plan_commands
 from gyre_sched.live.events import (
     FACT_TYPES,
     SCHED_EVENT_TYPES,
@@ -26,6 +26,7 @@ from gyre_sched.live.events import (
     register_sched_events,
     sched_stream,
 )
+from gyre_sched.live.metrics import ControllerCollector, MetricsServer
 from gyre_sched.live.replay import (
     DecisionDiff,
     DiffKind,
@@ -45,10 +46,13 @@ __all__ = [
     "Clock",
     "Command",
     "Controller",
+    "ControllerCollector",
+    "ControllerView",
     "DecisionDiff",
     "DiffKind",
     "Disagreement",
     "LiveSink",
+    "MetricsServer",
     "ProtocolStep",
     "RecordedRun",
     "ReplayReport",

@@ -181,6 +181,17 @@ def plan_commands(decisions: Sequence[Decision]) -> list[Command]:
 # -- the controller -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ControllerView:
+    """What the controller has decided so far, for metrics: the decision core's state, the
+    transitions it began by direction, and the inputs it recorded. Published whole after each
+    input, so a reader on another thread never sees a replay half done."""
+
+    state: DecisionState
+    transitions: dict[Direction, int]
+    inputs: int
+
+
 class Controller:
     """Runs the decision core of run ``run_id`` against ``log``, carrying out through ``sink``.
 
@@ -226,6 +237,13 @@ class Controller:
         """The decision core's ledger and roles now."""
         return self._decider.state()
 
+    def view(self) -> ControllerView:
+        """The state as of the last input handled; safe to call from any thread."""
+        return self._view
+
+    def _publish(self) -> None:
+        self._view = ControllerView(self._decider.state(), dict(self._transitions), self._seq)
+
     def _now(self) -> float:
         if self._clock is not None:
             return self._clock()
@@ -235,7 +253,12 @@ class Controller:
 
     def _recover(self) -> None:
         """(Re)build every piece of state from the log: the decision core, the counters, the wakes."""
+        self._rebuild()
+        self._publish()
+
+    def _rebuild(self) -> None:
         self._decider = DecisionCore(self.cfg)
+        self._transitions: Counter[Direction] = Counter()
         self._seq = 0
         self._version = 0
         self._checkpoint = 0
@@ -319,6 +342,8 @@ class Controller:
         for decision in decisions:
             if isinstance(decision, RequestTick):
                 heapq.heappush(self._wakes, decision.wake_at)
+            elif isinstance(decision, BeginTransition):
+                self._transitions[decision.direction] += 1
 
     def _role_changes(
         self, seq: int, event: Input, before: tuple[CellRole, ...], decisions: Sequence[Decision]
@@ -400,6 +425,7 @@ class Controller:
         if source is not None:
             self._checkpoint = source.position
         self._note(event, decisions)
+        self._publish()
         self._carry_out(seq, decisions, first=0)
 
     def _carry_out(self, seq: int, decisions: Sequence[Decision], *, first: int) -> None:
