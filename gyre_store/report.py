@@ -72,6 +72,7 @@ class StepFigures(msgspec.Struct, frozen=True, kw_only=True):
     grad_norm: float | None
     wall_s: float | None
     roles: dict[str, int] = msgspec.field(default_factory=dict)  # cells per role at the step's start
+    staleness_mean: float | None = None  # mean d = v_t - v_d of the groups the step consumed
 
 
 class TransitionTime(msgspec.Struct, frozen=True, kw_only=True):
@@ -201,6 +202,9 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
         valid = [v for e in executions if (v := rewards.get(e)) is not None]
         previous = closed.get(step - 1, started)
         update = updates.get(step)
+        step_stale = [
+            step - dispatched_version[g.group_id] for g in groups if g.group_id in dispatched_version
+        ]
         steps.append(
             StepFigures(
                 step=step,
@@ -214,6 +218,7 @@ def run_report(log: EventLog, run_id: str, *, phi: float, mu: int) -> RunReport:
                 grad_norm=update.grad_norm if update else None,
                 wall_s=(closed[step] - previous).total_seconds() if previous is not None else None,
                 roles=_roles_at(mine, cells, fixed, previous),
+                staleness_mean=sum(step_stale) / len(step_stale) if step_stale else None,
             )
         )
     stale = [

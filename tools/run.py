@@ -63,6 +63,7 @@ from gyre_tools.run_config import (
     to_toml,
 )
 from gyre_tools.run_outputs import cell_time_summary, publications_from_log, write_outputs
+from gyre_tools.run_steps import StepFollower, TensorBoardSteps, step_line
 from gyre_tools.warmstart import ensure_policy
 from gyre_train import GyreTrainError
 from gyre_train.tasks import defined_tasks
@@ -128,7 +129,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             with run.phase("start"):
                 run.start(env)
-            run.follow(live_view=not args.quiet)
+            run.follow(live_view=not args.quiet, metrics=args.metrics)
         except RunFailed as exc:
             run.failed = str(exc)
         finally:
@@ -136,7 +137,13 @@ def run_command(args: argparse.Namespace) -> int:
                 run.stop()
         with run.phase("report"):
             report = run_report(opened.log, run.run_id, phi=run.config.phi, mu=run.config.mu)
-            summary = write_outputs(report, run.config, Path(run.config.run_dir), metrics=args.metrics)
+            summary = write_outputs(
+                report,
+                run.config,
+                Path(run.config.run_dir),
+                metrics=args.metrics,
+                written=frozenset(run.written_steps),
+            )
             summary["cell_time"] = cell_time_summary(cell_time(opened.log, run.run_id))
             summary["publications"] = publications_from_log(opened.log, run.run_id)
         summary["phases_s"] = {name: round(seconds, 1) for name, seconds in run.phases.items()}
@@ -168,6 +175,7 @@ class LiveRun:
     _due: dict[str, float] = field(default_factory=dict)
     _lifecycle: Lifecycle = field(default_factory=lambda: Lifecycle(""))
     phases: dict[str, float] = field(default_factory=dict)  # seconds each phase of gyre run took
+    written_steps: set[int] = field(default_factory=set)  # steps whose TensorBoard scalars follow() wrote
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -413,7 +421,10 @@ class LiveRun:
 
     # -- the run -----------------------------------------------------------------------------------
 
-    def follow(self, *, live_view: bool) -> None:
+    def follow(self, *, live_view: bool, metrics: str = "none") -> None:
+        """Record ``run.started`` and follow the run to its last publication: the live table on a
+        terminal (``live_view``), one line per step as it lands off one, and each step's
+        TensorBoard scalars as it lands (``metrics`` "tensorboard")."""
         c = self.config
         if c.eval.heldout:
             with self.phase("held-out before"):
@@ -431,21 +442,40 @@ class LiveRun:
             self.log.append(
                 [NewEvent(started, f"started:{self.run_id}", metadata=EventMetadata(run_id=self.run_id))]
             )
+        steps = StepFollower(self.log, self.run_id, phi=c.phi, mu=c.mu)
+        lines = not console.is_terminal  # a log file or a pipe: one line per step
+        board = (
+            TensorBoardSteps(Path(c.run_dir) / "tensorboard")
+            if metrics == "tensorboard"
+            else contextlib.nullcontext()
+        )
+
+        def landed() -> None:
+            for step in _patient(steps.poll):
+                if lines:
+                    console.print(step_line(step), markup=False)
+                if isinstance(board, TensorBoardSteps):
+                    board.write(step)
+                    self.written_steps.add(step.step)
+
         with (
             self.phase("steps"),
+            board,
             Live(self._view(), console=console, refresh_per_second=2, transient=not live_view) as live,
         ):
             viewed = time.monotonic()
             while _patient(self._published) < c.steps:
                 self._check_children()
                 time.sleep(0.5)
+                landed()
                 # The view reads the run's report from the log: every 2 s, since the processes
                 # it watches share the same cores.
                 if live_view and time.monotonic() - viewed >= VIEW_EVERY_S:
                     live.update(_patient(self._view))
                     viewed = time.monotonic()
+            landed()  # the last step too
             if live_view:
-                live.update(_patient(self._view))  # the last step too
+                live.update(_patient(self._view))
             self._settle_transitions(timeout_s=60.0)
         if c.eval.heldout:
             with self.phase("held-out after"):

@@ -12,6 +12,7 @@ from typing import Any
 
 from gyre_store import CellTimeReport, EventLog, ModelCallRecorded, RunReport, StreamId, WeightsPublished
 from gyre_tools.run_config import RunConfig
+from gyre_tools.run_steps import step_scalars
 
 
 def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
@@ -43,6 +44,7 @@ def summary_of(report: RunReport, config: RunConfig) -> dict[str, Any]:
                 "loss": s.loss,
                 "grad_norm": s.grad_norm,
                 "wall_s": s.wall_s,
+                "staleness_mean": s.staleness_mean,
                 "roles": s.roles,
             }
             for s in report.steps
@@ -158,14 +160,22 @@ def _verdict(summary: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def write_outputs(report: RunReport, config: RunConfig, run_dir: Path, *, metrics: str) -> dict[str, Any]:
-    """Write the plots (and TensorBoard events when ``metrics`` asks) under ``run_dir``; return
-    the JSON summary with the paths written."""
+def write_outputs(
+    report: RunReport,
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    metrics: str,
+    written: frozenset[int] = frozenset(),
+) -> dict[str, Any]:
+    """Write the plots (and TensorBoard events when ``metrics`` asks, but for the steps in
+    ``written``, whose scalars were written as they landed) under ``run_dir``; return the JSON
+    summary with the paths written."""
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = summary_of(report, config)
     summary["plots"] = _plots(report, config, run_dir)
     if metrics == "tensorboard":
-        summary["tensorboard"] = _tensorboard(report, summary, run_dir / "tensorboard")
+        summary["tensorboard"] = _tensorboard(report, summary, run_dir / "tensorboard", written)
     return summary
 
 
@@ -243,21 +253,13 @@ def _plots(report: RunReport, config: RunConfig, run_dir: Path) -> dict[str, str
     return out
 
 
-def _tensorboard(report: RunReport, summary: dict[str, Any], folder: Path) -> str:
+def _tensorboard(report: RunReport, summary: dict[str, Any], folder: Path, written: frozenset[int]) -> str:
     from tensorboardX import SummaryWriter
 
     with SummaryWriter(str(folder)) as writer:
         for s in report.steps:
-            if s.mean_reward is not None:
-                writer.add_scalar("reward/mean", s.mean_reward, s.step)
-            if s.loss is not None:
-                writer.add_scalar("train/loss", s.loss, s.step)
-            if s.grad_norm is not None:
-                writer.add_scalar("train/grad_norm", s.grad_norm, s.step)
-            writer.add_scalar("admission/trajectories", s.admitted_trajectories, s.step)
-            writer.add_scalar("admission/trainable_tokens", s.trainable_tokens, s.step)
-            if s.wall_s is not None:
-                writer.add_scalar("time/step_s", s.wall_s, s.step)
+            if s.step not in written:
+                step_scalars(writer, s)
         ev = summary["eval"]
         for key in ("pass_rate_before", "pass_rate_after"):
             if ev[key] is not None:
