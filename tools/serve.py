@@ -48,6 +48,7 @@ from gyre_train import (
     JudgeEvaluator,
     OpenAIChatClient,
     PackingConfig,
+    RedisEvaluationClaims,
     WorkerConfig,
 )
 from gyre_train.sandbox import sandbox_for
@@ -229,21 +230,27 @@ def run_launcher(args: argparse.Namespace) -> int:
 
 
 def run_evaluator(args: argparse.Namespace) -> int:
-    with open_store(args, upgrade=False) as opened:
+    with open_store(args, upgrade=False, with_redis=True) as opened:
         config = recorded_config(opened.log, args.run)
         store = PostgresProjectionStore(opened.log.pool, evaluation_projections().tables())
         evaluator_for, judge = sourced_evaluators(config, opened.log)
+        # The run's workers, on every machine, share its evaluations through claims in Redis.
+        claims = RedisEvaluationClaims(
+            opened.services.redis_url, args.run, f"{socket.gethostname()}:{os.getpid()}"
+        )
         worker = EvaluatorWorker(
             opened.log,
             store,
             WorkerConfig(run_id=args.run, threads=args.threads),
             evaluator_for=evaluator_for,
+            claims=claims,
         )
         judged = f"; tasks with a rubric judged by {judge.model} at {judge.endpoint}" if judge else ""
         console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}{judged}")
         try:
             worker.run(until_signal())
         finally:
+            claims.close()
             if judge is not None:
                 judge.close()
     return 0

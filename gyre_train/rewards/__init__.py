@@ -12,6 +12,7 @@ from gyre_train.rewards.advantages import (
     RewardStatus,
     group_advantages,
 )
+from gyre_train.rewards.claims import EvaluationClaims, RedisEvaluationClaims
 from gyre_train.rewards.evaluation import (
     Clock,
     EvaluationConfig,
@@ -47,6 +48,7 @@ __all__ = [
     "ChatMessage",
     "Clock",
     "CommandEvaluator",
+    "EvaluationClaims",
     "EvaluationConfig",
     "EvaluationOutcome",
     "EvaluationResult",
@@ -60,6 +62,7 @@ __all__ = [
     "MonotonicClock",
     "OpenAIChatClient",
     "PreservedState",
+    "RedisEvaluationClaims",
     "RewardStatus",
     "ShownFile",
     "WorkerConfig",

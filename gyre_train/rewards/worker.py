@@ -9,7 +9,11 @@ folds the groups projection and appends ``group.ready`` for every group that bec
 the group projection decides readiness, this worker is the component that writes the fact.
 
 Several workers may serve one run: outcomes and group announcements are idempotent per
-execution and per group, and each settles executions in its own threads.
+execution and per group, and each settles executions in its own threads. With ``claims``
+(claims.py: Redis, shared by the run's workers on every machine) each finished execution is
+settled by the one worker that claimed it; the others wait, and take it over if that worker's
+claim expires. Without, every worker settles every execution (each outcome still counts once).
+An intermediate evaluation an execution asks for is made by every worker that sees the ask.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from gyre_store import (
 )
 from gyre_store.log import Event, EventMetadata, RunFollower, base_run
 from gyre_train.exceptions import GyreTrainError, InvalidConfigError
+from gyre_train.rewards.claims import DONE, EvaluationClaims
 from gyre_train.rewards.evaluation import (
     EvaluationConfig,
     EvaluationOutcome,
@@ -84,8 +89,11 @@ class EvaluatorWorker:
         *,
         clock: Callable[[], float] = time.monotonic,
         evaluator_for: Callable[[TaskDefined], Evaluator] | None = None,
+        claims: EvaluationClaims | None = None,
     ) -> None:
         self.log = log
+        self._claims = claims
+        self._waiting: set[str] = set()  # finished executions another worker has claimed
         self._evaluator_for = evaluator_for
         self.store = store
         self.config = config
@@ -116,6 +124,11 @@ class EvaluatorWorker:
         done = [e for e, f in self._inflight.items() if f.done()]
         for execution_id in done:
             self._inflight.pop(execution_id).result()  # re-raises what the runner could not record
+            if self._claims is not None:
+                self._claims.done(_job(execution_id))
+        if self._claims is not None:
+            self._claims.renew([_job(e) for e in self._inflight])
+            self._take_over()
         if done and self._grouped:
             self._announce_ready_groups()
         self.settled += len(done)
@@ -141,10 +154,34 @@ class EvaluatorWorker:
                 if run_id == self.config.run_id:
                     self._grouped.add(execution_id)
             case ExecutionFinished(execution_id=execution_id):
-                if execution_id not in self._inflight:
-                    self._inflight[execution_id] = self._pool.submit(self._settle, execution_id)
+                if execution_id not in self._inflight and execution_id not in self._waiting:
+                    self._start(execution_id)
             case EvaluationRequested(execution_id=execution_id, artifact_version=version):
                 self._asked.append(self._pool.submit(self._evaluate_asked, execution_id, version))
+
+    @property
+    def waiting(self) -> int:
+        """Finished executions another worker has claimed, which this one may take over."""
+        return len(self._waiting)
+
+    def _start(self, execution_id: str) -> None:
+        if self._claims is not None and not self._claims.take(_job(execution_id)):
+            self._waiting.add(execution_id)
+            return
+        self._inflight[execution_id] = self._pool.submit(self._settle, execution_id)
+
+    def _take_over(self) -> None:
+        """Drop the waiting executions another worker has settled; claim those whose taker's
+        claim expired."""
+        assert self._claims is not None
+        waiting = sorted(self._waiting)
+        for execution_id, state in zip(waiting, self._claims.states([_job(e) for e in waiting]), strict=True):
+            if state == DONE:
+                self._waiting.discard(execution_id)
+            elif state is None:
+                self._waiting.discard(execution_id)
+                self._start(execution_id)
+            # else: held by its taker, or UNKNOWN (Redis did not answer): wait
 
     # -- one execution -----------------------------------------------------------------------
 
@@ -190,6 +227,10 @@ class EvaluatorWorker:
             events.append(NewEvent(ready, f"group.ready:{group_id}", metadata=EventMetadata(run_id=run_id)))
         if events:
             self.log.append(events)
+
+
+def _job(execution_id: str) -> str:
+    return f"settle:{execution_id}"
 
 
 class _Deferred:
