@@ -21,6 +21,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gyre_proxy import WORKER_HEADER, issue_key
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer, free_port
@@ -112,6 +113,7 @@ def test_one_execution_continues_across_two_workers(
         key = issue_key(log, execution_id="ex-workers", run_id="workers-run", harness="claude-code")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Count with me."}]
     served_by: list[str] = []
+    output_tokens = 0
     for k in range(TURNS):
         # A new client, so a new connection, per call: the kernel hands each to either worker.
         with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
@@ -123,6 +125,7 @@ def test_one_execution_continues_across_two_workers(
             )
             answer = raw.parse()
         served_by.append(raw.headers[WORKER_HEADER])
+        output_tokens += answer.usage.output_tokens
         assert answer.stop_reason == "tool_use", answer
         use = next(b for b in answer.content if b.type == "tool_use")
         assert use.input == {"command": f"echo {k}"}
@@ -139,6 +142,24 @@ def test_one_execution_continues_across_two_workers(
     assert len({s.split()[1] for s in served_by}) == 2  # two processes (pids)
     switches = sum(a.split()[0] != b.split()[0] for a, b in itertools.pairwise(served_by))
     assert switches >= 1
+
+    # Whichever worker answers /metrics reports the sums over both (multiprocess mode).
+    scraped_by: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(scraped_by) < 2:
+        assert time.monotonic() < deadline, scraped_by
+        with httpx.Client() as http:  # a new connection: either worker
+            response = http.get(f"{base_url}/metrics", timeout=10)
+        scraped_by.add(response.headers[WORKER_HEADER].split()[0])
+        got = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+        }
+        assert got[("gyre_proxy_requests_total", (("api", "anthropic_messages"),))] == TURNS
+        assert got[("gyre_proxy_added_latency_seconds_count", ())] == TURNS
+        assert got[("gyre_proxy_tokens_total", (("direction", "output"),))] == output_tokens
+        assert got[("gyre_proxy_requests_in_flight", ())] == 0
 
     calls = stored_calls(database_url, "ex-workers", TURNS)
     assert len(calls) == TURNS  # one record per call: no retries, no duplicates
