@@ -47,7 +47,6 @@ ERROR_KIND_OF_STATUS: Mapping[int, str] = {
     400: "invalid_request",
     401: "authentication",
     404: "not_found",
-    405: "not_found",
     413: "request_too_large",
     429: "rate_limit",
     503: "overloaded",
