@@ -35,6 +35,8 @@ from gyre_train.exceptions import (
     WeightTransportError,
 )
 from gyre_train.rewards import (
+    CLAIM_DONE,
+    CLAIM_UNKNOWN,
     AdvantageConfig,
     CallableEvaluator,
     ChatAnswer,
@@ -56,7 +58,6 @@ from gyre_train.rewards import (
     MonotonicClock,
     OpenAIChatClient,
     PreservedState,
-    RedisEvaluationClaims,
     RewardStatus,
     ShownFile,
     WorkerConfig,
@@ -111,6 +112,8 @@ from gyre_train.trajectories import (
 )
 
 __all__ = [
+    "CLAIM_DONE",
+    "CLAIM_UNKNOWN",
     "CLAUDE_CODE_ORDER",
     "PAPER_FB_FRACTION",
     "AblationReport",
@@ -174,7 +177,6 @@ __all__ = [
     "PublicationError",
     "ReadyGroup",
     "ReadyGroupSource",
-    "RedisEvaluationClaims",
     "RewardStatus",
     "RowKey",
     "RowTooLongError",

@@ -8,6 +8,7 @@ starts processes starts them with the same database and Redis URLs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -17,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
+
 from gyre_proxy.harness import BuiltinHarness, HarnessPlugin, plugin_for
 from gyre_proxy.launch import Launcher, LauncherConfig, RedisLiveness
-from gyre_sched import Controller, LiveSink, TaskDeck
+from gyre_sched import Controller, LiveSink, RegisteredPool, TaskDeck
+from gyre_sched.live import MetricsServer
 from gyre_store import (
     EventLog,
     FaultPoint,
@@ -39,6 +43,7 @@ from gyre_tools.placement import SandboxPlacement
 from gyre_tools.proxy import registered_proxy
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
 from gyre_tools.run_config import CORE_CELL, ConfigFileError, RunConfig, parse_config, trainer_cells
+from gyre_tools.work_claims import RedisEvaluationClaims
 from gyre_train import (
     AdmissionConfig,
     AdvantageConfig,
@@ -48,7 +53,6 @@ from gyre_train import (
     JudgeEvaluator,
     OpenAIChatClient,
     PackingConfig,
-    RedisEvaluationClaims,
     WorkerConfig,
 )
 from gyre_train.sandbox import sandbox_for
@@ -96,6 +100,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                 type=int,
                 help="harnesses this launcher runs at once (default: the run's rollout capacity, "
                 "rollout_engines x engine_capacity; with a launcher per host, each host's share)",
+            )
+        if name == "controller":
+            add_env_argument(
+                serve,
+                "--metrics-port",
+                "GYRE_CONTROLLER_METRICS_PORT",
+                type=int,
+                help="serve the controller's Prometheus metrics at /metrics on this port (0: a free one; "
+                "default: none)",
+            )
+            add_env_argument(
+                serve,
+                "--metrics-host",
+                "GYRE_CONTROLLER_METRICS_HOST",
+                default="127.0.0.1",
+                help="the address the metrics port listens on",
             )
         if name == "evaluator":
             add_env_argument(
@@ -289,10 +309,31 @@ def run_controller(args: argparse.Namespace) -> int:
         config = recorded_config(opened.log, args.run)
         deck = TaskDeck(train_tasks(opened.log, args.run), config.seed)
         sink = LiveSink(opened.log, args.run, deck, group_size=config.N, harness=config.harness)
-        controller = Controller(opened.log, config.sched(), sink, args.run, fault=FaultPoint.from_env())
-        console.print(f"controller of run {args.run}: {config.policy}, phi={config.phi}, mu={config.mu}")
-        controller.run(until_signal(), poll_s=0.5)
+        # C_s follows the pool engines that registered and answer, on every machine.
+        pool = RegisteredPool(opened.log, args.run, engine_answers).start()
+        try:
+            controller = Controller(
+                opened.log, config.sched(), sink, args.run, fault=FaultPoint.from_env(), pool_capacity=pool
+            )
+            console.print(f"controller of run {args.run}: {config.policy}, phi={config.phi}, mu={config.mu}")
+            with contextlib.ExitStack() as metrics:
+                if args.metrics_port is not None:
+                    server = metrics.enter_context(
+                        MetricsServer(controller, host=args.metrics_host, port=args.metrics_port)
+                    )
+                    console.print(f"controller metrics at {server.url}")
+                controller.run(until_signal(), poll_s=0.5)
+        finally:
+            pool.close()
     return 0
+
+
+def engine_answers(url: str, timeout_s: float = 3.0) -> bool:
+    """Whether the engine at ``url`` answers its ``/health`` (SGLang's API) within ``timeout_s``."""
+    try:
+        return httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def run_node(args: argparse.Namespace) -> int:

@@ -86,6 +86,15 @@ class ClockTick(msgspec.Struct, frozen=True, tag=True):
     at: float
 
 
+class PoolCapacityChanged(msgspec.Struct, frozen=True, tag=True):
+    """The rollout pool's engines that registered, and still answer, hold ``capacity``
+    executions at once: C_s from now on (an engine registered later counts from its
+    registration; one lost with its machine leaves it)."""
+
+    at: float
+    capacity: int
+
+
 Input = (
     RunStarted
     | ExecutionFinished
@@ -96,6 +105,7 @@ Input = (
     | WeightsPublished
     | TransitionDone
     | ClockTick
+    | PoolCapacityChanged
 )
 
 INPUT_TYPES: tuple[type[Input], ...] = (
@@ -108,4 +118,5 @@ INPUT_TYPES: tuple[type[Input], ...] = (
     WeightsPublished,
     TransitionDone,
     ClockTick,
+    PoolCapacityChanged,
 )

@@ -25,7 +25,13 @@ from gyre_sched.decision.decisions import (
     Reroute,
     StartExecutions,
 )
-from gyre_sched.decision.inputs import ExecutionFinished, GroupClaimed, Input, TransitionDone
+from gyre_sched.decision.inputs import (
+    ExecutionFinished,
+    GroupClaimed,
+    Input,
+    PoolCapacityChanged,
+    TransitionDone,
+)
 from gyre_sched.decision.policy import CellRole, policy_for
 
 
@@ -108,6 +114,8 @@ class _Checker:
                     self.load[engine] -= 1
                 self.f += 1
                 self.counters(event.at)
+            case PoolCapacityChanged(capacity=capacity):
+                self.cfg = msgspec.structs.replace(self.cfg, pool_capacity=capacity)
             case TransitionDone(cell=cell):
                 role = self.roles[cell]
                 self.roles[cell] = CellRole.TRAIN if role is CellRole.TO_TRAIN else CellRole.ROLLOUT

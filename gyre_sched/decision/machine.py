@@ -37,6 +37,7 @@ from gyre_sched.decision.inputs import (
     GroupClaimed,
     GroupReady,
     Input,
+    PoolCapacityChanged,
     RunStarted,
     TransitionDone,
     WeightsPublished,
@@ -83,6 +84,11 @@ class DecisionCore:
         self._threshold = supply_threshold(cfg.rho_min, cfg.batch_groups)
 
     # -- views -------------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        """Whether the run has started (every other input is refused before RunStarted)."""
+        return self._started
 
     @property
     def training_cells(self) -> int:
@@ -170,6 +176,13 @@ class DecisionCore:
                 out += self._transition_done(cell)
             case ClockTick():
                 out += self._maybe_join()
+            case PoolCapacityChanged(capacity=capacity):
+                if capacity < 0:
+                    raise InputOrderError(f"pool capacity {capacity} is negative")
+                # C_s of every rule from now on; the configured value was only the first.
+                self.cfg = msgspec.structs.replace(self.cfg, pool_capacity=capacity)
+                out += self._start()
+                out += self._maybe_join()
         return tuple(out)
 
     # -- boundary dispatch and starts --------------------------------------------------
@@ -183,7 +196,7 @@ class DecisionCore:
         return [DispatchGroups(self._now, first, groups, n, self._version, self._counters.d)]
 
     def _free(self) -> dict[int, int]:
-        free = {POOL: self.cfg.pool_capacity - self._load[POOL]}
+        free = {POOL: max(0, self.cfg.pool_capacity - self._load[POOL])}  # a lost engine's still run
         for cell, role in enumerate(self._roles):
             if role is CellRole.ROLLOUT:  # an engine still restoring is not ready
                 free[cell] = self.cfg.cell_capacity - self._load[cell]

@@ -7,6 +7,7 @@ Holds no serving or training code: what carries a command out is the sink's busi
 
 from __future__ import annotations
 
+from gyre_sched.live.capacity import RegisteredPool
 from gyre_sched.live.controller import Clock, Command, Controller, ControllerView, plan_commands
 from gyre_sched.live.events import (
     FACT_TYPES,
@@ -55,6 +56,7 @@ __all__ = [
     "MetricsServer",
     "ProtocolStep",
     "RecordedRun",
+    "RegisteredPool",
     "ReplayReport",
     "SchedConfigured",
     "SchedDecision",

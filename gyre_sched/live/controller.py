@@ -33,6 +33,7 @@ from gyre_sched.decision import (
     Input,
     KeyedSink,
     Placement,
+    PoolCapacityChanged,
     RequestTick,
     Reroute,
     RunStarted,
@@ -211,8 +212,12 @@ class Controller:
         *,
         clock: Clock | None = None,
         fault: FaultPoint | None = None,
+        pool_capacity: Callable[[], int | None] | None = None,
     ) -> None:
         self.log = log
+        # C_s now (RegisteredPool: the pool engines that registered and answer), or None while
+        # unknown; each change is fed to the decision core as a PoolCapacityChanged input.
+        self._pool_capacity = pool_capacity
         self.cfg = cfg.validate()
         self.sink = sink
         self.run_id = run_id
@@ -472,6 +477,16 @@ class Controller:
         self._feed(event, recorded)
         return fed + 1
 
+    def _track_capacity(self) -> int:
+        """Feed the pool's capacity when it changed (only once the run has started)."""
+        if self._pool_capacity is None or not self._decider.started:
+            return 0
+        capacity = self._pool_capacity()
+        if capacity is None or capacity == self._decider.cfg.pool_capacity:
+            return 0
+        self._feed(PoolCapacityChanged(max(self._last_at, self._now()), capacity), None)
+        return 1
+
     def _fire_due(self, now: float) -> int:
         """Feed a ClockTick for every requested wake-up that ``now`` has reached."""
         fed = 0
@@ -489,7 +504,7 @@ class Controller:
         fed = 0
         for recorded in iterate(self.log, self._checkpoint, types=FACT_TYPES):
             fed += self._handle_fact(recorded)
-        return fed + self._fire_due(self._now())
+        return fed + self._fire_due(self._now()) + self._track_capacity()
 
     def run(self, stop: threading.Event, *, poll_s: float = 1.0) -> None:
         """Follow the log until ``stop`` is set, waking for requested ticks in between."""
@@ -505,6 +520,8 @@ class Controller:
                 for recorded in batch:
                     self._handle_fact(recorded)
                 self._fire_due(self._now())
+                self._track_capacity()
                 if stop.is_set():
                     break
             self._fire_due(self._now())
+            self._track_capacity()

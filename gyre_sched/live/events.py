@@ -35,6 +35,7 @@ from gyre_sched.decision import (
     GroupReady,
     Input,
     Outcome,
+    PoolCapacityChanged,
     RunStarted,
     TransitionDone,
     WeightsPublished,
@@ -247,7 +248,7 @@ def input_of(recorded: RecordedEvent, run_id: str, at: float) -> Input | None:
 
 def fact_event(run_id: str, event: Input, *, step: int = 0) -> Event | None:
     """The store fact a world component writes for ``event`` (inverse of ``input_of``);
-    None for a ClockTick, which only the controller makes. ``step`` is the training step
+    None for a ClockTick or a PoolCapacityChanged, which only the controller makes. ``step`` is the training step
     of a publication (policy.published records it)."""
     match event:
         case RunStarted():
@@ -272,7 +273,7 @@ def fact_event(run_id: str, event: Input, *, step: int = 0) -> Event | None:
             return catalog.WeightsPublished(run_id=run_id, policy_version=version, step=step)
         case TransitionDone(cell=cell):
             return catalog.CellTransitionDone(run_id=run_id, cell_index=cell)
-        case ClockTick():
+        case ClockTick() | PoolCapacityChanged():
             return None
 
 

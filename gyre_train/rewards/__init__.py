@@ -12,7 +12,7 @@ from gyre_train.rewards.advantages import (
     RewardStatus,
     group_advantages,
 )
-from gyre_train.rewards.claims import EvaluationClaims, RedisEvaluationClaims
+from gyre_train.rewards.claims import CLAIM_DONE, CLAIM_UNKNOWN, EvaluationClaims
 from gyre_train.rewards.evaluation import (
     Clock,
     EvaluationConfig,
@@ -41,6 +41,8 @@ from gyre_train.rewards.judge import (
 from gyre_train.rewards.worker import EvaluatorWorker, WorkerConfig
 
 __all__ = [
+    "CLAIM_DONE",
+    "CLAIM_UNKNOWN",
     "AdvantageConfig",
     "CallableEvaluator",
     "ChatAnswer",
@@ -62,7 +64,6 @@ __all__ = [
     "MonotonicClock",
     "OpenAIChatClient",
     "PreservedState",
-    "RedisEvaluationClaims",
     "RewardStatus",
     "ShownFile",
     "WorkerConfig",

@@ -42,7 +42,7 @@ from gyre_store import (
 )
 from gyre_store.log import Event, EventMetadata, RunFollower, base_run
 from gyre_train.exceptions import GyreTrainError, InvalidConfigError
-from gyre_train.rewards.claims import DONE, EvaluationClaims
+from gyre_train.rewards.claims import CLAIM_DONE, EvaluationClaims
 from gyre_train.rewards.evaluation import (
     EvaluationConfig,
     EvaluationOutcome,
@@ -176,12 +176,12 @@ class EvaluatorWorker:
         assert self._claims is not None
         waiting = sorted(self._waiting)
         for execution_id, state in zip(waiting, self._claims.states([_job(e) for e in waiting]), strict=True):
-            if state == DONE:
+            if state == CLAIM_DONE:
                 self._waiting.discard(execution_id)
             elif state is None:
                 self._waiting.discard(execution_id)
                 self._start(execution_id)
-            # else: held by its taker, or UNKNOWN (Redis did not answer): wait
+            # else: held by its taker, or CLAIM_UNKNOWN (the claims did not answer): wait
 
     # -- one execution -----------------------------------------------------------------------
 

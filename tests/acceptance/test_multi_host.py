@@ -268,6 +268,12 @@ def test_a_run_over_three_hosts_trains_and_survives_one_host_lost(
         url_a, "SELECT DISTINCT (body->>'cell')::int FROM gyre_events WHERE event_type = 'train.contribution'"
     )
     assert {cell for (cell,) in by_cell} == {0, 1}, by_cell
+    # C_s followed the pool engines that registered (A's 4, then B's and C's: 12) and answer
+    # (C's lost with its host: 8); the configured pool was A's alone (4).
+    capacities = [c for (c,) in _rows(url_a, "SELECT (body->'input'->>'capacity')::int FROM gyre_events WHERE "
+                                             "event_type = 'sched.input' AND body->'input'->>'type' = "
+                                             "'PoolCapacityChanged' ORDER BY position")]  # fmt: skip
+    assert 12 in capacities and capacities[-1] == 8, capacities
     replay = gyre("sched", "replay", "--run", RUN, env={"GYRE_DATABASE_URL": url_a})
     assert_replay_clean(replay, "differ", "violations")
 

@@ -30,7 +30,8 @@ from gyre_store import (
     TaskSplit,
     evaluation_projections,
 )
-from gyre_train import EvaluatorWorker, RedisEvaluationClaims, WorkerConfig
+from gyre_tools.work_claims import RedisEvaluationClaims
+from gyre_train import EvaluatorWorker, WorkerConfig
 from gyre_train.rewards.evaluation import EvaluationResult, PreservedState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
