@@ -183,6 +183,16 @@ def recorded_config(log: EventLog, run_id: str) -> RunConfig:
     raise SystemExit(f"run {run_id!r} is not configured in this database (start it with `gyre run`)")
 
 
+def run_incarnation(log: EventLog, run_id: str) -> str:
+    """What tells run ``run_id`` of this database from another run of the same id (another
+    database, an earlier test): its ``run.configured`` event's id, the same in every life of
+    the run. Keys a run keeps outside the log (Redis) carry it."""
+    for recorded in log.read_stream(StreamId("run", run_id)):
+        if isinstance(recorded.event, RunConfigured):
+            return recorded.event_id.hex[:12]
+    raise SystemExit(f"run {run_id!r} is not configured in this database (start it with `gyre run`)")
+
+
 def train_tasks(log: EventLog, run_id: str) -> list[str]:
     """The run's training task ids, in the order they were defined."""
     return [
@@ -255,8 +265,10 @@ def run_evaluator(args: argparse.Namespace) -> int:
         store = PostgresProjectionStore(opened.log.pool, evaluation_projections().tables())
         evaluator_for, judge = sourced_evaluators(config, opened.log)
         # The run's workers, on every machine, share its evaluations through claims in Redis.
-        claims = RedisEvaluationClaims(
-            opened.services.redis_url, args.run, f"{socket.gethostname()}:{os.getpid()}"
+        claims = RedisEvaluationClaims(  # keys of this run alone, not of an earlier one of its id
+            opened.services.redis_url,
+            f"{args.run}:{run_incarnation(opened.log, args.run)}",
+            f"{socket.gethostname()}:{os.getpid()}",
         )
         worker = EvaluatorWorker(
             opened.log,

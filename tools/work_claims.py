@@ -2,7 +2,8 @@
 which finished execution (``RedisEvaluationClaims``, the ``gyre_train.EvaluationClaims`` that
 ``gyre evaluator serve`` uses).
 
-Key ``gyre:<run>:evaluation:<job>`` holds the taker's name and expires ``ttl_s`` after its last
+Key ``gyre:<run>:evaluation:<job>`` (``<run>``: the run's id and incarnation, so that a run of
+the same id in another database never meets these keys) holds the taker's name and expires ``ttl_s`` after its last
 renewal; once the outcome is recorded the taker sets it to ``done`` (kept for ``done_ttl_s``).
 """
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests import pg
+from tests import netns, pg, pgcluster
+from tests.real_servers import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,3 +76,46 @@ def acceptance_template() -> Iterator[str]:
 def fresh_database_url(acceptance_template: str) -> Iterator[str]:
     with pg.database_from(acceptance_template) as url:
         yield url
+
+
+# -- hosts made of network namespaces, with PostgreSQL and Redis on the first ------------------
+
+
+@pytest.fixture
+def hosts() -> Iterator[netns.Network]:
+    """A bridge whose first address is the test's own namespace (host A); add hosts to it."""
+    with netns.network() as net:
+        yield net
+
+
+@pytest.fixture
+def hosts_database(hosts: netns.Network) -> Iterator[str]:
+    """A private PostgreSQL on host A, reachable from the other hosts: its URL at A's address."""
+    require("postgres_binaries", pgcluster.missing())
+    cluster = pgcluster.PrivateCluster(listen=(hosts.gateway,), trust=f"{hosts.gateway}/24").init()
+    try:
+        yield cluster.url_at(hosts.gateway)
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def hosts_redis(hosts: netns.Network, tmp_path: Path) -> Iterator[str]:
+    """A private Redis on host A, reachable from the other hosts: its URL at A's address."""
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        port = int(sock.getsockname()[1])
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {hosts.gateway}", "--save", "",
+         "--appendonly", "no", "--protected-mode", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+        yield f"redis://{hosts.gateway}:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests import netns, pgcluster
+from tests import netns
 from tests.acceptance.conftest import ROOT
-from tests.real_servers import require
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -60,45 +57,6 @@ heldout = false
 """
 
 
-@pytest.fixture
-def hosts() -> Iterator[netns.Network]:
-    with netns.network() as net:
-        yield net
-
-
-@pytest.fixture
-def database(hosts: netns.Network) -> Iterator[str]:
-    """PostgreSQL on node 0, reachable from node 1 at node 0's address."""
-    require("postgres_binaries", pgcluster.missing())
-    cluster = pgcluster.PrivateCluster(listen=(hosts.gateway,), trust=f"{hosts.gateway}/24").init()
-    try:
-        yield cluster.url_at(hosts.gateway)
-    finally:
-        cluster.destroy()
-
-
-@pytest.fixture
-def redis_url(hosts: netns.Network, tmp_path: Path) -> Iterator[str]:
-    """Redis on node 0, reachable from node 1 at node 0's address."""
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        port = int(sock.getsockname()[1])
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {hosts.gateway}", "--save", "",
-         "--appendonly", "no", "--protected-mode", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-        yield f"redis://{hosts.gateway}:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(30)
-
-
 def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url, connect_timeout=5) as conn:
         return conn.execute(sql).fetchall()  # type: ignore[arg-type]
@@ -119,7 +77,7 @@ def _output(*paths: Path) -> str:
 
 
 def test_the_slurm_node_script_runs_a_run_over_two_nodes(
-    hosts: netns.Network, database: str, redis_url: str, tmp_path: Path
+    hosts: netns.Network, hosts_database: str, hosts_redis: str, tmp_path: Path
 ) -> None:
     node1 = hosts.add_host("n1")
     config = tmp_path / "run.toml"
@@ -130,8 +88,8 @@ def test_the_slurm_node_script_runs_a_run_over_two_nodes(
         "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '/usr/bin:/bin')}",
         "GYRE_RUN_CONFIG": str(config),
         "GYRE_RUN_ID": RUN,
-        "GYRE_DATABASE_URL": database,
-        "GYRE_REDIS_URL": redis_url,
+        "GYRE_DATABASE_URL": hosts_database,
+        "GYRE_REDIS_URL": hosts_redis,
         "GYRE_DATA_DIR": str(tmp_path / "data"),
         "GYRE_RUN_JSON": str(tmp_path / "run.json"),
         "GYRE_LAUNCHER_MAX_RUNNING": "1",  # each launcher one harness at a time: node 1's gets work
@@ -185,18 +143,18 @@ def test_the_slurm_node_script_runs_a_run_over_two_nodes(
     summary = json.loads((tmp_path / "run.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [0, 1]
     # Node 1's engine registered its own address and answered model calls.
-    registered = dict(_rows(database, "SELECT body->>'engine', body->>'url' FROM gyre_events "
+    registered = dict(_rows(hosts_database, "SELECT body->>'engine', body->>'url' FROM gyre_events "
                                       "WHERE event_type = 'engine.registered'"))  # fmt: skip
     assert registered[f"{RUN}:pool-1"].startswith(f"http://{node1.address}:"), registered
-    engines = dict(_rows(database, "SELECT body->>'engine', count(*) FROM gyre_events WHERE event_type = "
+    engines = dict(_rows(hosts_database, "SELECT body->>'engine', count(*) FROM gyre_events WHERE event_type = "
                                    "'model_call.recorded' AND body->>'finish' IN ('stop', 'length') GROUP BY 1"))  # fmt: skip
     assert engines.get(f"{RUN}:pool-1", 0) >= 1, engines
     # Node 1's launcher started executions, under its Slurm node name.
-    launchers = dict(_rows(database, "SELECT body->>'launcher', count(*) FROM gyre_events "
+    launchers = dict(_rows(hosts_database, "SELECT body->>'launcher', count(*) FROM gyre_events "
                                      "WHERE event_type = 'execution.started' GROUP BY 1"))  # fmt: skip
     assert launchers.get("node1", 0) >= 1, launchers
     # The satellite on node 1 joined the core's batches.
-    joined = _rows(database, "SELECT (body->>'batch')::int FROM gyre_events "
+    joined = _rows(hosts_database, "SELECT (body->>'batch')::int FROM gyre_events "
                              "WHERE event_type = 'train.cell_joined' AND (body->>'cell')::int = 1")  # fmt: skip
     assert sorted(b for (b,) in joined) == [0, 1], _output(*logs.values())
 
@@ -204,7 +162,7 @@ def test_the_slurm_node_script_runs_a_run_over_two_nodes(
     seconds = {
         what: at - t0
         for what in ("run.configured", "engine.registered", "model_call.recorded", "batch.closed")
-        if (at := _first(database, what)) is not None
+        if (at := _first(hosts_database, what)) is not None
     }
     print(
         "slurm recipe on two namespace nodes, seconds from the start: "

@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests import netns, pgcluster
+from tests import netns
 from tests.acceptance.conftest import ROOT, assert_replay_clean, gyre
-from tests.real_servers import require
 
 pytestmark = [pytest.mark.timeout(900)]
 
@@ -62,49 +60,6 @@ budget_s = 90
 [eval]
 heldout = false
 """
-
-
-@pytest.fixture
-def hosts() -> Iterator[netns.Network]:
-    with netns.network() as net:
-        yield net
-
-
-@pytest.fixture
-def cluster(hosts: netns.Network) -> Iterator[pgcluster.PrivateCluster]:
-    """PostgreSQL on host A, reachable from the other hosts at A's address."""
-    require("postgres_binaries", pgcluster.missing())
-    cluster = pgcluster.PrivateCluster(listen=(hosts.gateway,), trust=f"{hosts.gateway}/24").init()
-    try:
-        yield cluster
-    finally:
-        cluster.destroy()
-
-
-@pytest.fixture
-def redis_url(hosts: netns.Network, tmp_path: Path) -> Iterator[str]:
-    """Redis on host A, reachable from the other hosts at A's address."""
-    port = _free_port()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", f"127.0.0.1 {hosts.gateway}", "--save", "",
-         "--appendonly", "no", "--protected-mode", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-        yield f"redis://{hosts.gateway}:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rows(url: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
@@ -142,16 +97,16 @@ def _count(url: str, sql: str) -> int:
 
 
 def test_a_run_over_three_hosts_trains_and_survives_one_host_lost(
-    hosts: netns.Network, cluster: pgcluster.PrivateCluster, redis_url: str, tmp_path: Path
+    hosts: netns.Network, hosts_database: str, hosts_redis: str, tmp_path: Path
 ) -> None:
     b, c = hosts.add_host("b"), hosts.add_host("c")
-    url_a = cluster.url_at(hosts.gateway)
+    url_a = hosts_database
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)
     base = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     shared = {
         "GYRE_DATABASE_URL": url_a,
-        "GYRE_REDIS_URL": redis_url,
+        "GYRE_REDIS_URL": hosts_redis,
         "GYRE_DATA_DIR": str(tmp_path / "data"),
     }
     # Host A: gyre run. Its node's engine and core cell, and its proxy, listen on every address

@@ -146,3 +146,19 @@ def test_a_satellite_node_starts_its_cells_in_each_newer_world() -> None:
 def test_a_world_records_what_satellites_elsewhere_need() -> None:
     fields = {f for f in TrainerWorldStarted.__struct_fields__}
     assert {"dist_init", "queue_prefix", "cells", "first_step", "version", "model_dir"} <= fields
+
+
+def test_a_runs_incarnation_is_the_same_in_every_life_and_differs_across_databases() -> None:
+    from gyre_store import NewEvent, RunConfigured
+    from gyre_tools.serve import run_incarnation
+
+    logs = [InMemoryEventLog(), InMemoryEventLog()]
+    for log in logs:  # the same run id, configured in two databases
+        log.append([NewEvent(RunConfigured(run_id="r", config_toml=""), "configured:r")])
+        log.append(
+            [NewEvent(RunConfigured(run_id="r", config_toml=""), "configured:r")]
+        )  # a later life: no new event
+    first, second = (run_incarnation(log, "r") for log in logs)
+    assert first == run_incarnation(logs[0], "r") and first != second
+    with pytest.raises(SystemExit, match="not configured"):
+        run_incarnation(InMemoryEventLog(), "other")
