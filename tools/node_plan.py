@@ -33,10 +33,10 @@ from gyre_train.cells import (
     LiveTraining,
     NodePlan,
     QueueConfig,
+    Resume,
     RolloutEngineConfig,
     TrainerPlan,
     resume_point,
-    training_state_path,
 )
 
 
@@ -92,10 +92,13 @@ def node_plan(
     address = advertise_host or host
     if address in WILDCARD_HOSTS:
         raise InvalidConfigError(f"--host {host!r} listens on every address: give --advertise-host too")
+    state: Path | None = None  # the core's optimizer state at the publication it resumes from
     if CORE_CELL in here:
-        world = _new_world(log, config, run_id=run_id, address=address, dist_port=dist_port)
-        if world is None:
+        resume = resume_point(log, run_id, config.mu, publish_dir)
+        if resume.step >= config.steps:
             return NodePlan(engines=engine_configs)  # the run has trained every step
+        world = _new_world(log, config, resume, run_id=run_id, address=address, dist_port=dist_port)
+        state = resume.training_state
     else:
         world = newest_world(log, run_id)
         if world is None:
@@ -116,7 +119,7 @@ def node_plan(
         kind=config.train.optimizer,
         lr=config.train.lr,
         max_grad_norm=config.train.max_grad_norm,
-        state_path=_kept_state(publish_dir, world.version) if CORE_CELL in here else None,
+        state_path=state,
     )
     # gloo must talk on the interface others reach this machine at, once the world spans machines.
     interface = None if is_loopback(address) else interface_of(address)
@@ -169,14 +172,10 @@ def newest_world(log: EventLog, run_id: str) -> TrainerWorldStarted | None:
 
 
 def _new_world(
-    log: EventLog, config: RunConfig, *, run_id: str, address: str, dist_port: int
-) -> TrainerWorldStarted | None:
-    """A new world of the run's trainer cells, resumed after the last publication and recorded
-    for satellites elsewhere to join; None once every step is trained."""
-    publish_dir = Path(config.run_dir) / "policies"
-    resume = resume_point(log, run_id, config.mu, publish_dir)
-    if resume.step >= config.steps:
-        return None
+    log: EventLog, config: RunConfig, resume: Resume, *, run_id: str, address: str, dist_port: int
+) -> TrainerWorldStarted:
+    """A new world of the run's trainer cells, resumed at ``resume`` and recorded for
+    satellites elsewhere to join."""
     port = dist_port or free_port()
     world_id = f"from{resume.step}-{uuid.uuid4().hex[:8]}"
     host = f"[{address}]" if ":" in address else address
@@ -193,12 +192,6 @@ def _new_world(
     )
     log.append([NewEvent(world, f"trainer-world:{run_id}:{world_id}", metadata=EventMetadata(run_id=run_id))])
     return world
-
-
-def _kept_state(publish_dir: Path, version: int) -> Path | None:
-    """The core's optimizer state kept with publication ``version``, if it was."""
-    state = training_state_path(publish_dir, version)
-    return state if version and state.is_file() else None
 
 
 def is_loopback(address: str) -> bool:

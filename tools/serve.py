@@ -29,6 +29,7 @@ from gyre_store import (
     FaultPoint,
     PostgresEventLog,
     PostgresProjectionStore,
+    RecordedEvent,
     RunConfigured,
     StoreUnavailable,
     StreamId,
@@ -175,22 +176,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         serve.set_defaults(func=func)
 
 
-def recorded_config(log: EventLog, run_id: str) -> RunConfig:
-    """The configuration run ``run_id`` recorded; SystemExit when it has none."""
+def _configured(log: EventLog, run_id: str) -> RecordedEvent:
+    """Run ``run_id``'s ``run.configured`` event; SystemExit when it has none."""
     for recorded in log.read_stream(StreamId("run", run_id)):
         if isinstance(recorded.event, RunConfigured):
-            return parse_config(recorded.event.config_toml, where=f"run {run_id}'s recorded config")
+            return recorded
     raise SystemExit(f"run {run_id!r} is not configured in this database (start it with `gyre run`)")
+
+
+def recorded_config(log: EventLog, run_id: str) -> RunConfig:
+    """The configuration run ``run_id`` recorded; SystemExit when it has none."""
+    event = _configured(log, run_id).event
+    assert isinstance(event, RunConfigured)
+    return parse_config(event.config_toml, where=f"run {run_id}'s recorded config")
 
 
 def run_incarnation(log: EventLog, run_id: str) -> str:
     """What tells run ``run_id`` of this database from another run of the same id (another
     database, an earlier test): its ``run.configured`` event's id, the same in every life of
     the run. Keys a run keeps outside the log (Redis) carry it."""
-    for recorded in log.read_stream(StreamId("run", run_id)):
-        if isinstance(recorded.event, RunConfigured):
-            return recorded.event_id.hex[:12]
-    raise SystemExit(f"run {run_id!r} is not configured in this database (start it with `gyre run`)")
+    return _configured(log, run_id).event_id.hex[:12]
 
 
 def train_tasks(log: EventLog, run_id: str) -> list[str]:
@@ -453,13 +458,8 @@ class Trainers:
         """Note dead cells; start the world again (after a pause) once its core died."""
         if self.follow is not None:
             return self._follow()
-        agent, note = self.agent, ""
+        agent, note = self.agent, self._note_dead()
         if agent is not None:
-            agent.step()
-            new = [f for f in agent.failed if f not in self.noted]
-            self.noted.update(new)
-            if new:
-                note = f"trainer cells died: {', '.join(new)}"
             core_failed = any(f.startswith("cell-0 ") for f in agent.failed)  # cell 0 is the core
             if not (core_failed or (self.any_cell and agent.failed)):
                 return note
@@ -486,14 +486,18 @@ class Trainers:
         started = "trainer cells started again, resuming after the last publication"
         return f"{note}; {started}" if note else started
 
+    def _note_dead(self) -> str:
+        """Step the agent (if any); a note of the cells that died since the last note."""
+        if self.agent is None:
+            return ""
+        self.agent.step()
+        new = [f for f in self.agent.failed if f not in self.noted]
+        self.noted.update(new)
+        return f"trainer cells died: {', '.join(new)}" if new else ""
+
     def _follow(self, every_s: float = 1.0) -> str:
         """Satellites only: note dead cells; start the cells in the core's newest world."""
-        note = ""
-        if self.agent is not None:
-            self.agent.step()
-            new = [f for f in self.agent.failed if f not in self.noted]
-            self.noted.update(new)
-            note = f"trainer cells died: {', '.join(new)}" if new else ""
+        note = self._note_dead()
         now = time.monotonic()
         if now - self.followed_at < every_s:
             return note

@@ -28,7 +28,6 @@ from gyre_train.cells.live import (
     feed_batches,
     policy_dir,
     resume_point,
-    training_state_path,
 )
 from gyre_train.cells.local import (
     BatchResult,
@@ -168,5 +167,4 @@ __all__ = [
     "stream_batch",
     "synthetic_batch",
     "train_batch_locally",
-    "training_state_path",
 ]
