@@ -162,3 +162,12 @@ def test_a_runs_incarnation_is_the_same_in_every_life_and_differs_across_databas
     assert first == run_incarnation(logs[0], "r") and first != second
     with pytest.raises(SystemExit, match="not configured"):
         run_incarnation(InMemoryEventLog(), "other")
+
+
+def test_the_world_is_recorded_at_the_advertised_address_not_the_listening_one(tmp_path: Path) -> None:
+    config = msgspec.structs.replace(ASYNC, run_dir=str(tmp_path))
+    log = InMemoryEventLog()
+    core = _plan(log, config, "0", host="0.0.0.0", advertise_host="localhost").trainers
+    assert core is not None and core.cells[0].dist_init == "tcp://localhost:29555"
+    world = newest_world(log, "r")
+    assert world is not None and world.dist_init == "tcp://localhost:29555"
