@@ -27,7 +27,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,13 @@ class CountingTokenizer:
 
     def special(self, token: str) -> int:
         return self._inner.special(token)
+
+    @property
+    def specials(self) -> Mapping[str, int]:
+        return self._inner.specials
+
+    def byte_lengths(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return self._inner.byte_lengths(ids)
 
     @property
     def vocab_size(self) -> int:
