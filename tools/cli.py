@@ -34,6 +34,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gyre_tools.tracegen",
     "gyre_tools.proxy",
     "gyre_tools.trees",
+    "gyre_tools.ui",
 )
 
 
