@@ -161,6 +161,7 @@ tree_state = sa.Table(
     sa.Column("next_node", sa.Integer, nullable=False),
     sa.Column("records", sa.Integer, nullable=False),
     sa.Column("first_root", sa.Integer, nullable=True),
+    sa.Column("topology", pg.BYTEA, nullable=False),
     sa.PrimaryKeyConstraint("execution_id", name="gyre_tree_state_pk"),
 )
 

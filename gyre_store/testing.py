@@ -197,3 +197,13 @@ class InMemoryProjectionStore:
     def select(self, table: str, column: str, value: object) -> list[Row]:
         data = self.data[table]
         return [dict(data[k]) for k in sorted(data) if data[k].get(column) == value]
+
+    def select_in(
+        self, table: str, column: str, value: object, among: str, keys: Sequence[object]
+    ) -> list[Row]:
+        data, wanted = self.data[table], set(keys)
+        return [
+            dict(data[k])
+            for k in sorted(data)
+            if data[k].get(column) == value and data[k].get(among) in wanted
+        ]

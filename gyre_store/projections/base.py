@@ -121,6 +121,11 @@ class ProjectionStore(Protocol):
         """Committed rows of ``table`` whose ``column`` equals ``value``, by primary key."""
         ...
 
+    def select_in(self, table: str, column: str, value: Any, among: str, keys: Sequence[Any]) -> list[Row]:
+        """Committed rows of ``table`` whose ``column`` equals ``value`` and whose ``among``
+        is one of ``keys``, by primary key (a few nodes of one tree, say)."""
+        ...
+
 
 class Projection(ABC):
     """A fold of events into rows. Subclasses set ``name``, ``tables`` and ``event_types``."""

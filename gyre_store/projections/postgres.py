@@ -167,6 +167,25 @@ class PostgresProjectionStore:
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
+    def select_in(self, table: str, column: str, value: Any, among: str, keys: Sequence[Any]) -> list[Row]:
+        t = self.tables[table]
+        for name in (column, among):
+            if name not in t.columns:
+                raise ConfigError(f"{table} has no column {name!r}")
+        order = [c.name for c in t.primary_key.columns]
+        query = sql.SQL("SELECT * FROM {} WHERE {} = %s AND {} = ANY(%s) ORDER BY {}").format(
+            sql.Identifier(self.schema, table),
+            sql.Identifier(column),
+            sql.Identifier(among),
+            sql.SQL(", ").join(map(sql.Identifier, order)),
+        )
+        try:
+            with self._pool.connection() as conn:
+                cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+                return [dict(r) for r in cur.execute(query, (value, list(keys))).fetchall()]
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
     def create_schema(self) -> None:
         """Create this store's schema as empty copies of the live projection tables."""
         if self.schema == "public":

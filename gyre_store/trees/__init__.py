@@ -8,6 +8,7 @@ from __future__ import annotations
 from gyre_store.trees.projection import TreeProjection
 from gyre_store.trees.recorder import ExecutionContext, PrefixPoint, TrajectoryRecorder
 from gyre_store.trees.render import CLASS_COLOURS, draw, outline
+from gyre_store.trees.topology import TreeTopology
 from gyre_store.trees.view import Candidate, TreeNode, TreeRecord, TreeStats, TreeView
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "TreeProjection",
     "TreeRecord",
     "TreeStats",
+    "TreeTopology",
     "TreeView",
     "draw",
     "outline",

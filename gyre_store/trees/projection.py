@@ -19,6 +19,7 @@ from gyre_store.catalog import AgentKind, ModelCallRecorded, TitoArrays, leaf_cl
 from gyre_store.exceptions import ProjectionError
 from gyre_store.log import RecordedEvent
 from gyre_store.projections import Projection, Row, RowStore
+from gyre_store.trees.topology import TopologyBuilder
 
 NODES, RECORDS, STATE = "gyre_tree_nodes", "gyre_tree_records", "gyre_tree_state"
 
@@ -46,7 +47,10 @@ class TreeProjection(Projection):
         if rows.get(RECORDS, ex, ev.request_id) is not None:
             return  # a record is applied once, however often it is delivered
         arrays = TitoArrays.from_payload(event.payload)
-        state = rows.get(STATE, ex) or {"execution_id": ex, "next_node": 0, "records": 0, "first_root": None}
+        state = rows.get(STATE, ex) or {
+            "execution_id": ex, "next_node": 0, "records": 0, "first_root": None, "topology": b"",
+        }  # fmt: skip
+        topology = TopologyBuilder(state["topology"])
 
         parent: Row | None = None
         if ev.prefix_of is not None and ev.prefix_len > 0:
@@ -58,19 +62,19 @@ class TreeProjection(Projection):
                 raise ProjectionError(
                     f"record {ev.request_id} shares {ev.prefix_len} tokens with {ev.prefix_of}, which has {full}"
                 )
-            parent = self._point(rows, state, ex, int(prior["output_node"]), ev.prefix_len, ev.request_id)
+            parent = self._point(rows, state, topology, ex, int(prior["output_node"]), ev.prefix_len)
 
         end = parent
         if arrays.input_len:
             end = self._add_node(
-                rows, state, ex, end, "input", ev.request_id,
+                rows, state, topology, ex, end, "input", ev.request_id,
                 tokens=arrays.input_ids.tobytes(), provenance=arrays.input_prov.tobytes(),
                 logprobs=None, trainable=None, msg_ends=arrays.msg_ends.tobytes(),
             )  # fmt: skip
         if arrays.output_len:
             out_end = np.array([ev.prefix_len + arrays.input_len + arrays.output_len], dtype="<i4")
             end = self._add_node(
-                rows, state, ex, end, "output", ev.request_id,
+                rows, state, topology, ex, end, "output", ev.request_id,
                 tokens=arrays.output_ids.tobytes(), provenance=arrays.output_prov.tobytes(),
                 logprobs=arrays.output_logprobs.tobytes(), trainable=arrays.output_trainable.tobytes(),
                 msg_ends=out_end.tobytes() if arrays.output_hash.shape[0] else b"",
@@ -87,6 +91,7 @@ class TreeProjection(Projection):
             replaced = rows.get(RECORDS, ex, ev.retry_of)
             if replaced is not None:
                 rows.put(RECORDS, {**replaced, "superseded": True})
+                topology.supersede(int(replaced["seq"]))
         versions = ev.weight_versions
         rows.put(
             RECORDS,
@@ -113,11 +118,15 @@ class TreeProjection(Projection):
                 "policy_version": versions[0][1] if versions else event.metadata.policy_version,
             },
         )
+        topology.add_record(state["records"], int(end["node_id"]), leaf_class(kind, ev.purpose))
         state["records"] += 1
+        state["topology"] = topology.encode()
         rows.put(STATE, state)
 
     # -- radix operations -------------------------------------------------------------------
-    def _point(self, rows: RowStore, state: Row, ex: str, node_id: int, offset: int, by: str) -> Row:
+    def _point(
+        self, rows: RowStore, state: Row, topology: TopologyBuilder, ex: str, node_id: int, offset: int
+    ) -> Row:
         """The node that ends exactly at path ``offset`` on the path to ``node_id`` (splitting one)."""
         node = self._node(rows, ex, node_id)
         while int(node["start"]) >= offset:
@@ -125,9 +134,11 @@ class TreeProjection(Projection):
         end = int(node["start"]) + int(node["n_tokens"])
         if end == offset:
             return node
-        return self._split(rows, state, ex, node, offset, by)
+        return self._split(rows, state, topology, ex, node, offset)
 
-    def _split(self, rows: RowStore, state: Row, ex: str, node: Row, offset: int, by: str) -> Row:
+    def _split(
+        self, rows: RowStore, state: Row, topology: TopologyBuilder, ex: str, node: Row, offset: int
+    ) -> Row:
         cut = offset - int(node["start"])
         parent = self._node(rows, ex, int(node["parent_id"])) if node["parent_id"] is not None else None
         ends = np.frombuffer(node["msg_ends"], dtype="<i4")
@@ -168,10 +179,19 @@ class TreeProjection(Projection):
         }
         rows.put(NODES, upper)
         rows.put(NODES, lower)
+        topology.split(int(upper["node_id"]), int(node["node_id"]), offset, _trainable_count(upper_trainable))
         return upper
 
     def _add_node(
-        self, rows: RowStore, state: Row, ex: str, parent: Row | None, kind: str, by: str, **arrays: Any
+        self,
+        rows: RowStore,
+        state: Row,
+        topology: TopologyBuilder,
+        ex: str,
+        parent: Row | None,
+        kind: str,
+        by: str,
+        **arrays: Any,
     ) -> Row:
         n = len(arrays["tokens"]) // 4
         node_id = state["next_node"]
@@ -198,6 +218,9 @@ class TreeProjection(Projection):
             parent = {**parent, "children": int(parent["children"]) + 1}
             rows.put(NODES, parent)
         rows.put(NODES, node)
+        topology.add_node(
+            node_id, node["parent_id"], int(node["start"]), _trainable_count(arrays["trainable"])
+        )
         return node
 
     @staticmethod

@@ -181,7 +181,8 @@ class TreeView:
         return tokens, logprobs
 
     def candidates(self) -> list[Candidate]:
-        by_end = {r.end_node: r for r in self.records.values()}
+        # Where records share an end node, the latest decides (as in the stored topology).
+        by_end = {r.end_node: r for r in sorted(self.records.values(), key=lambda r: r.seq)}
         out = []
         for node in self.nodes.values():
             rec = by_end.get(node.node_id)

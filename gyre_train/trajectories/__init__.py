@@ -41,7 +41,13 @@ from gyre_train.trajectories.packing import (
     select_oldest,
 )
 from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows
-from gyre_train.trajectories.stored import StoredExecution, stored_execution
+from gyre_train.trajectories.stored import (
+    StoredExecution,
+    StoredTopology,
+    admitted_tokens,
+    stored_execution,
+    stored_topology,
+)
 from gyre_train.trajectories.trajectory import (
     AdmissionTree,
     CandidateLeaf,
@@ -79,9 +85,11 @@ __all__ = [
     "SettingSummary",
     "StoreGroupSource",
     "StoredExecution",
+    "StoredTopology",
     "TokenRow",
     "admission_rng",
     "admit",
+    "admitted_tokens",
     "execution_coefficient",
     "execution_rows",
     "materialize_rows",
@@ -89,4 +97,5 @@ __all__ = [
     "run_execution",
     "select_oldest",
     "stored_execution",
+    "stored_topology",
 ]

@@ -33,13 +33,13 @@ from gyre_store import (
 from gyre_store.catalog import FinishReason
 from gyre_store.log import EventMetadata
 from gyre_store.projections import Row
-from gyre_store.trees import TreeProjection, TreeView
+from gyre_store.trees import TreeProjection, TreeTopology
 from gyre_train.exceptions import GroupNotTrainableError, UnknownGroupError
 from gyre_train.rewards import AdvantageConfig, ExecutionReward, RewardStatus, group_advantages
 from gyre_train.trajectories.admission import AdmissionConfig, admission_rng, admit
 from gyre_train.trajectories.packing import GroupTicket, ReadyGroup
 from gyre_train.trajectories.rows import ExecutionRows, TokenRow, materialize_rows
-from gyre_train.trajectories.stored import stored_execution
+from gyre_train.trajectories.stored import admitted_tokens, stored_topology
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,16 @@ def execution_rows(
     Only an absent tree gives no rows. Any other store error (an outage while the tree loads)
     propagates, logged here: the group is then neither built nor consumed, and waits."""
     try:
-        view = TreeView.load(store, execution_id)
+        # Admission reads the topology row only; tokens come for the admitted paths alone.
+        stored = stored_topology(TreeTopology.load(store, execution_id))
+        admission = admit(stored.tree, config.admission, admission_rng(config.seed, execution_id))
+        tokens = admitted_tokens(store, stored, admission)
     except NoTrajectoryTree:
         return ()  # no trajectory tree: L_i = 0, it still counts in B*N
     except GyreStoreError:
         log.exception("cannot load the trajectory tree of execution %s; its group waits", execution_id)
         raise
-    stored = stored_execution(view)
-    admission = admit(stored.tree, config.admission, admission_rng(config.seed, execution_id))
-    return materialize_rows(execution_id, stored.tree, stored.tokens, admission)
+    return materialize_rows(execution_id, stored.tree, tokens, admission)
 
 
 def _one(rows: list[Row]) -> Row | None:

@@ -7,6 +7,7 @@ loss is unchanged. This module copies recorded token ids; it never tokenizes and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ from gyre_train.trajectories.trajectory import (
     ExecutionTokens,
     Float32Array,
     Int32Array,
+    NodeTokens,
 )
 
 
@@ -93,23 +95,34 @@ class ExecutionRows:
 
 
 def materialize_rows(
-    execution_id: str, tree: AdmissionTree, tokens: ExecutionTokens, admission: Admission
+    execution_id: str,
+    tree: AdmissionTree,
+    tokens: ExecutionTokens | Mapping[int, NodeTokens],
+    admission: Admission,
 ) -> tuple[TokenRow, ...]:
     """Flatten each admitted trajectory's path into a TokenRow, in draw order.
 
-    Raises InvalidTreeError when `tokens` does not match `tree` (node count, trainable counts) or
-    when a target would sit at the first position of a path.
+    ``tokens`` holds every node (ExecutionTokens) or only the nodes the rows need, by node
+    index (what ``stored.admitted_tokens`` loads). Raises InvalidTreeError when they do not
+    match `tree` (node count, trainable counts, a node not loaded) or when a target would sit
+    at the first position of a path.
     """
-    if len(tokens.nodes) != tree.num_nodes:
-        raise InvalidTreeError(f"{len(tokens.nodes)} token nodes for a tree of {tree.num_nodes}")
-    if not np.array_equal(tokens.trainable_counts(), tree.trainable_counts):
-        raise InvalidTreeError("trainable masks of the token nodes disagree with the tree's trainable counts")
+    if isinstance(tokens, ExecutionTokens):
+        if len(tokens.nodes) != tree.num_nodes:
+            raise InvalidTreeError(f"{len(tokens.nodes)} token nodes for a tree of {tree.num_nodes}")
+        if not np.array_equal(tokens.trainable_counts(), tree.trainable_counts):
+            raise InvalidTreeError(
+                "trainable masks of the token nodes disagree with the tree's trainable counts"
+            )
+        loaded: Mapping[int, NodeTokens] = dict(enumerate(tokens.nodes))
+    else:
+        loaded = tokens
     rows = []
     for trajectory in admission.trajectories:
         path = tree.paths[trajectory.leaf_index].tolist()
         targets = set(trajectory.target_nodes)
         last = max(i for i, node in enumerate(path) if node in targets)
-        kept = [tokens.nodes[node] for node in path[: last + 1]]
+        kept = [_loaded(tree, loaded, node) for node in path[: last + 1]]
         masks = [
             node.trainable if index in targets else np.zeros(len(node), dtype=np.bool_)
             for index, node in zip(path, kept, strict=False)
@@ -131,3 +144,14 @@ def materialize_rows(
             )
         )
     return tuple(rows)
+
+
+def _loaded(tree: AdmissionTree, loaded: Mapping[int, NodeTokens], index: int) -> NodeTokens:
+    node = loaded.get(index)
+    if node is None:
+        raise InvalidTreeError(f"the tokens of node {index} were not loaded")
+    if int(np.count_nonzero(node.trainable)) != int(tree.trainable_counts[index]):
+        raise InvalidTreeError(
+            f"trainable masks of the token nodes disagree with the tree's trainable counts (node {index})"
+        )
+    return node

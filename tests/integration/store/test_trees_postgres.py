@@ -9,7 +9,7 @@ from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
-from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView
 
 SMALL = TraceConfig(
     seed=5,
@@ -50,6 +50,17 @@ def test_generated_execution_on_postgres(pg_log: PostgresEventLog, database_url:
             "SELECT count(*) FROM gyre_records_v WHERE execution_id = 'ex-pg'"
         ).fetchone()  # type: ignore[misc]
         assert n_records == len(view.records)
+
+    # The topology row agrees with the nodes; a few nodes are read by id without the rest.
+    topology = TreeTopology.load(live, "ex-pg")
+    assert topology.parents.tolist() == [
+        -1 if view.nodes[n].parent_id is None else view.nodes[n].parent_id for n in range(len(view.nodes))
+    ]
+    assert topology.leaves == tuple((c.leaf, c.leaf_class) for c in view.candidates())
+    some = sorted(view.nodes)[::3]
+    picked = live.select_in("gyre_tree_nodes", "execution_id", "ex-pg", "node_id", some)
+    assert [r["node_id"] for r in picked] == some
+    assert all(bytes(r["tokens"]) == view.nodes[r["node_id"]].tokens.tobytes() for r in picked)
 
     replica = PostgresProjectionStore(pg_log.pool, {t.name: t for t in p.tables}, schema="trees_rebuilt")
     replica.create_schema()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gyre_store import InMemoryEventLog, InMemoryProjectionStore, MalformedEvent, catch_up, rebuild
 from gyre_store.catalog import AgentKind, CallFinish, CallPurpose, ModelCallRecorded, Provenance, TitoArrays
-from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView
 
 
 def arrays(
@@ -51,12 +51,14 @@ def record_sequences(draw: st.DrawFn) -> list[tuple[ModelCallRecorded, TitoArray
         if not new_in and plen == 0:
             new_in = [1]
         outp = draw(tok)
+        retry_of = draw(st.none() | st.sampled_from(sorted(lengths))) if lengths else None
         ev = call(
             rid,
             parent if plen else None,
             plen,
             agent_kind=draw(st.sampled_from(list(AgentKind))),
             purpose=draw(st.sampled_from(list(CallPurpose))),
+            retry_of=retry_of,
         )
         out.append((ev, arrays(new_in, outp)))
         lengths[rid] = plen + len(new_in) + len(outp)
@@ -105,10 +107,22 @@ def test_every_record_rebuilds_exactly_and_rebuild_equals_incremental(
     assert sum(n.tokens.shape[0] for n in view.nodes.values()) == sum(
         a.input_len + a.output_len for _, a in records
     )
+    assert_topology_matches(TreeTopology.load(live, "ex"), view)
     fresh = InMemoryProjectionStore({t.name: t for t in p.tables})
     rebuild(log, fresh, p)
     for t in p.tables:
         assert fresh.dump(t.name) == live.dump(t.name)
+
+
+def assert_topology_matches(topology: TreeTopology, view: TreeView) -> None:
+    """The token-free topology row says what the loaded nodes and records say."""
+    assert topology.num_nodes == len(view.nodes)
+    for node_id, node in view.nodes.items():
+        assert topology.parents[node_id] == (-1 if node.parent_id is None else node.parent_id)
+        assert topology.starts[node_id] == node.start
+        trainable = 0 if node.trainable is None else int(node.trainable.sum())
+        assert topology.trainable[node_id] == trainable
+    assert topology.leaves == tuple((c.leaf, c.leaf_class) for c in view.candidates())
 
 
 def test_split_in_the_middle_of_an_output_keeps_both_halves_trainable() -> None:

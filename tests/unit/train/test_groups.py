@@ -248,9 +248,16 @@ class _TreeOutage:
         self.down = False
 
     def select(self, table: str, column: str, value: object) -> list[dict[str, object]]:
-        if self.down and table == "gyre_tree_nodes":
+        if self.down and table in ("gyre_tree_nodes", "gyre_tree_state"):
             raise StoreUnavailable("connection refused")
         return self._store.select(table, column, value)
+
+    def select_in(
+        self, table: str, column: str, value: object, among: str, keys: list[object]
+    ) -> list[dict[str, object]]:
+        if self.down and table == "gyre_tree_nodes":
+            raise StoreUnavailable("connection refused")
+        return self._store.select_in(table, column, value, among, keys)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
