@@ -33,9 +33,11 @@ import numpy.typing as npt
 from gyre_proxy.answer.machine import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
 from gyre_proxy.answer.routing import RoutedEngine, Router
 from gyre_proxy.chat import (
+    ENGINE_WAIT,
     Block,
     ChatRequest,
     ChatResponse,
+    EngineWait,
     ExecutionAuth,
     MessageDone,
     MessageStart,
@@ -351,7 +353,7 @@ class AnswerPipeline:
             family=self.ingestor.template.family,
             thinking_open=self.ingestor.template.opens_thinking(request.thinking),
         )
-        timing = _Timing(time.time())
+        timing = _Timing(time.time(), request_wait=ENGINE_WAIT.get())
         routed: RoutedEngine | None = None
         try:
             while not machine.completed:
@@ -373,7 +375,7 @@ class AnswerPipeline:
                     )
                     async for delta in stream:
                         assert waiting is not None  # set at the end of every pass
-                        timing.engine_s += time.perf_counter() - waiting
+                        timing.waited(time.perf_counter() - waiting)
                         waiting = None
                         timing.saw(delta)
                         try:
@@ -402,7 +404,7 @@ class AnswerPipeline:
                     machine.fail(f"{type(exc).__name__}: {exc}"[:500])
                 finally:
                     if waiting is not None:  # the stream ended, or failed, while the proxy waited on it
-                        timing.engine_s += time.perf_counter() - waiting
+                        timing.waited(time.perf_counter() - waiting)
                     self._in_flight.pop(ex, None)
                 ending = machine.end_attempt()
                 if machine.completed:
@@ -474,6 +476,12 @@ class _Timing:
     started: float
     first_token_s: float = 0.0
     engine_s: float = 0.0  # waiting on the engines' streams (perf_counter seconds)
+    request_wait: EngineWait | None = None  # the HTTP layer's count of the same waits
+
+    def waited(self, seconds: float) -> None:
+        self.engine_s += seconds
+        if self.request_wait is not None:
+            self.request_wait.seconds += seconds
 
     def saw(self, delta: GenerateDelta) -> None:
         if not self.first_token_s and delta.output_ids.shape[0]:

@@ -7,10 +7,12 @@ HTTP. ``gyre_proxy.chat.testing`` has the scripted ``FakeAnswerer`` and ``Static
 from __future__ import annotations
 
 from gyre_proxy.chat.answerer import (
+    ENGINE_WAIT,
     Answerer,
     BlockKind,
     BlockStart,
     BlockStop,
+    EngineWait,
     ExecutionAuth,
     KeyResolver,
     MessageDone,
@@ -40,6 +42,7 @@ from gyre_proxy.chat.messages import (
 )
 
 __all__ = [
+    "ENGINE_WAIT",
     "Answerer",
     "Block",
     "BlockKind",
@@ -47,6 +50,7 @@ __all__ = [
     "BlockStop",
     "ChatRequest",
     "ChatResponse",
+    "EngineWait",
     "EvaluationAnswer",
     "EvaluationAsked",
     "EvaluationGateway",

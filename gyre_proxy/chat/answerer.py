@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import Protocol
 
 import msgspec
@@ -82,6 +83,21 @@ class Answerer(Protocol):
     def stream(self, execution: ExecutionAuth, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...
 
     async def count_tokens(self, execution: ExecutionAuth, request: ChatRequest) -> int: ...
+
+
+class EngineWait:
+    """Seconds one request has spent waiting on engines so far: the answerer adds each wait
+    on an engine's stream as it ends, and the HTTP layer takes the sum off its own time on
+    the request (the ``x-gyre-overhead-duration-ms`` header, ``service/metrics.py``)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+# The request's ``EngineWait``, set by the HTTP layer around each request (None: nobody counts).
+ENGINE_WAIT: ContextVar[EngineWait | None] = ContextVar("gyre_engine_wait", default=None)
 
 
 class KeyResolver(Protocol):

@@ -10,27 +10,11 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from scraping import scrape, value
 
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
 from gyre_proxy.service import ProxyConfig, ProxyService, issue_key
 from gyre_store import InMemoryEventLog
-
-
-def scrape(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``/metrics``: (name, sorted labels) -> value."""
-    response = httpx.get(f"{base_url}/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture
