@@ -11,6 +11,7 @@
 # GYRE_TEST_SKIP_HARNESSES=1 (or GYRE_TEST_SKIP_CLAUDE_CODE=1, GYRE_TEST_SKIP_CODEX=1),
 # GYRE_TEST_SKIP_MEGATRON=1, GYRE_TEST_SKIP_BWRAP=1 (bubblewrap, for the sandbox tests),
 # GYRE_TEST_SKIP_PODMAN=1 (rootful podman, for the podman and docker sandbox tests),
+# GYRE_TEST_SKIP_BROWSER=1 (Debian's chromium and chromium-driver, for gyre ui's browser test),
 # GYRE_TEST_SKIP_POSTGRES_BINARIES=1 (the private clusters that the
 # database-outage tests stop and start need initdb and pg_ctl). A server of your
 # own is used as it is when GYRE_SGLANG_URL and GYRE_SGLANG_MODEL_DIR are set.
@@ -131,6 +132,30 @@ elif ! command -v bwrap >/dev/null; then
     fi
 fi
 took bubblewrap
+
+# chromium and its WebDriver, the headless browser of gyre ui's test (Debian's chromium and
+# chromium-driver).
+phase browser
+if [ "${GYRE_TEST_SKIP_BROWSER:-}" = 1 ]; then
+    echo "!! BROWSER TESTS WILL BE SKIPPED (GYRE_TEST_SKIP_BROWSER=1)" >&2
+elif ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    tried="not root with apt-get here: install Debian's chromium and chromium-driver"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing chromium and chromium-driver (gyre ui's browser test needs them)"
+        export DEBIAN_FRONTEND=noninteractive
+        if apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }; then
+            tried="chromium and chromium-driver are installed"
+        else
+            tried="apt-get install chromium chromium-driver failed"
+        fi
+    fi
+    if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+        export GYRE_TEST_BROWSER_ERROR="chromium or chromedriver is not on PATH; $tried"
+        echo "!! $GYRE_TEST_BROWSER_ERROR: its test will fail (GYRE_TEST_SKIP_BROWSER=1 skips it)" >&2
+    fi
+fi
+took browser
 
 # rootful podman and its base image, the `podman` and `docker` sandboxes' tests (Debian's podman
 # and runc; tools/podman_setup.sh builds localhost/gyre-base:latest from the host's /usr once).
