@@ -8,6 +8,7 @@ path, and the synthetic trace generator that goes through the same path. No engi
 
 from __future__ import annotations
 
+from gyre_proxy.ingest.chains import ChainCache
 from gyre_proxy.ingest.chat_template import ChatFormat, Qwen3Template, Rendered
 from gyre_proxy.ingest.checkpoint import load_chat_format
 from gyre_proxy.ingest.critiques import CritiqueBook
@@ -27,6 +28,7 @@ from gyre_proxy.ingest.spool import RecordSpool
 from gyre_proxy.ingest.tracegen import TraceConfig, TraceGenerator
 
 __all__ = [
+    "ChainCache",
     "ChatFormat",
     "CritiqueBook",
     "EncodedRequest",

@@ -24,6 +24,7 @@ from gyre_proxy.chat import (
     system_message,
     system_sha,
 )
+from gyre_proxy.ingest.chains import ChainCache
 from gyre_proxy.ingest.chat_template import ChatFormat, Rendered
 from gyre_store.catalog import HASH_WORDS
 from gyre_store.trees import ExecutionContext, PrefixPoint
@@ -102,12 +103,16 @@ def _text_size(message: Message) -> int:
     return n
 
 
-def match_request(ctx: ExecutionContext, request: ChatRequest) -> Match:
-    """Hash the request's messages as a chain and find the longest stored prefix."""
+def match_request(ctx: ExecutionContext, request: ChatRequest, chains: ChainCache | None = None) -> Match:
+    """Hash the request's messages as a chain and find the longest stored prefix.
+
+    With ``chains``, only the messages the execution's recent chains do not hold are hashed."""
     messages = full_messages(request)
-    hashes = tuple(chain_hashes(messages))
+    if chains is None:
+        hashes, sha = tuple(chain_hashes(messages)), system_sha(messages[0])
+    else:
+        hashes, sha = chains.hashes(ctx.execution_id, messages)
     whole = context_key(hashes[-1], request.thinking)
-    sha = system_sha(messages[0])
     exact = ctx.index.get(whole)
     matched, prefix = 0, None
     if exact is None:

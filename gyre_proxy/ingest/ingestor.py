@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from gyre_proxy.chat import ChatRequest, Message
 from gyre_proxy.harness.plugin import CallTraits, HarnessPlugin
+from gyre_proxy.ingest.chains import ChainCache
 from gyre_proxy.ingest.chat_template import ChatFormat
 from gyre_proxy.ingest.critiques import CritiqueBook
 from gyre_proxy.ingest.incremental import EncodedRequest, Match, encode_match, match_request, output_hash
@@ -51,6 +52,9 @@ class Ingestor:
         self.plugin = plugin
         self.critiques = critiques or CritiqueBook()
         self.payloads = PayloadCache() if payloads is None else payloads
+        # Message-chain hashes of recent requests, so a request hashes only what it adds
+        # (None hashes every chain whole: the same result, at O(history) per request).
+        self.chains: ChainCache | None = ChainCache()
 
     def _restored(self, execution_id: str, request: ChatRequest) -> ChatRequest:
         """Critiques marked, and the sampled payload of every generated tool call put back."""
@@ -66,7 +70,7 @@ class Ingestor:
         request = self._restored(execution_id, request)
         ctx = self.recorder.context(execution_id)
         if match is None:
-            match = match_request(ctx, request)
+            match = match_request(ctx, request, self.chains)
         encoded = encode_match(self.template, request, match)
         traits = self.plugin.classify(ctx, request, encoded.system_sha)
         return Prepared(execution_id, run_id, request, encoded, traits)
@@ -78,7 +82,7 @@ class Ingestor:
         """
         request = self._restored(execution_id, request)  # refuses another execution's calls first
         ctx = self.recorder.cached_context(execution_id)
-        return None if ctx is None else match_request(ctx, request)
+        return None if ctx is None else match_request(ctx, request, self.chains)
 
     def input_ids(self, prepared: Prepared, prefix_tokens: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         """The full input for the engine: the stored prefix tokens, then the new ones."""

@@ -11,8 +11,6 @@ execution is evicted) matching falls back to comparing tool inputs as canonical 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import msgspec
 
 from gyre_proxy.chat import Block, ChatRequest, Message, ToolUseBlock
@@ -42,33 +40,39 @@ class PayloadCache:
         when nothing differed); ``InvalidRequest`` for a call id issued to another execution."""
         own = self._calls.get(execution_id, {})
         messages: list[Message] | None = None
+        # Runs over the whole history on every request, so the usual case (nothing to put
+        # back) allocates nothing: a message is rebuilt only when one of its calls differs.
         for i, message in enumerate(request.messages):
-            blocks = tuple(self._restored(execution_id, own, message.blocks))
-            if blocks != message.blocks:
+            blocks: list[Block] | None = None
+            for j, b in enumerate(message.blocks):
+                if not isinstance(b, ToolUseBlock):
+                    continue
+                sampled = self._sampled(execution_id, own, b)
+                if sampled is not None:
+                    if blocks is None:
+                        blocks = list(message.blocks)
+                    blocks[j] = ToolUseBlock(b.id, b.name, sampled)
+            if blocks is not None:
                 if messages is None:
                     messages = list(request.messages)
-                messages[i] = Message(message.role, blocks)
+                messages[i] = Message(message.role, tuple(blocks))
         if messages is None:
             return request
         return msgspec.structs.replace(request, messages=tuple(messages))
 
-    def _restored(self, execution_id: str, own: dict[str, str], blocks: tuple[Block, ...]) -> Iterator[Block]:
-        for b in blocks:
-            if not isinstance(b, ToolUseBlock):
-                yield b
-                continue
-            owner = self._owner.get(b.id)
-            if owner is not None and owner != execution_id:
-                raise InvalidRequest(
-                    f"tool call {b.id!r} was generated for another execution; a history may only "
-                    "carry this execution's own calls"
-                )
-            sampled = own.get(b.id)
-            if sampled is None or sampled == b.input_json:
-                yield b
-            else:
-                self.restored += 1
-                yield ToolUseBlock(b.id, b.name, sampled)
+    def _sampled(self, execution_id: str, own: dict[str, str], b: ToolUseBlock) -> str | None:
+        """The payload to put back into call ``b``; None when it is as sampled (or unknown)."""
+        owner = self._owner.get(b.id)
+        if owner is not None and owner != execution_id:
+            raise InvalidRequest(
+                f"tool call {b.id!r} was generated for another execution; a history may only "
+                "carry this execution's own calls"
+            )
+        sampled = own.get(b.id)
+        if sampled is None or sampled == b.input_json:
+            return None
+        self.restored += 1
+        return sampled
 
     def forget(self, execution_id: str) -> None:
         for call_id in self._calls.pop(execution_id, {}):
