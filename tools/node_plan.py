@@ -19,6 +19,7 @@ import ipaddress
 import socket
 import struct
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from gyre_proxy.engines import WILDCARD_HOSTS, free_port
@@ -26,7 +27,7 @@ from gyre_store import EventLog, EventMetadata, NewEvent, StreamId, TrainerWorld
 from gyre_tools.run_config import CORE_CELL, RunConfig, sglang_serve_command, trainer_cells
 from gyre_tools.serve import group_source, packing
 from gyre_train import InvalidConfigError
-from gyre_train.backends import ModelSpec, OptimizerConfig
+from gyre_train.backends import ModelSpec, OptimizerConfig, TorchTraining
 from gyre_train.cells import (
     CellConfig,
     ElasticConfig,
@@ -35,6 +36,7 @@ from gyre_train.cells import (
     QueueConfig,
     Resume,
     RolloutEngineConfig,
+    TorchCells,
     TrainerPlan,
     resume_point,
 )
@@ -115,11 +117,13 @@ def node_plan(
         publish=config.train.publish,
     )
     spec = ModelSpec(config={}, seed=config.seed, model_dir=Path(world.model_dir))
+    t = config.train
+    model = TorchCells(spec, TorchTraining(t.shard, t.shard_ranks, t.dtype, t.activation_checkpointing))
     optimizer = OptimizerConfig(
         kind=config.train.optimizer,
         lr=config.train.lr,
         max_grad_norm=config.train.max_grad_norm,
-        state_path=state,
+        state_path=state if config.train.shard == "none" else None,  # FSDP cells keep no moments
     )
     # gloo must talk on the interface others reach this machine at, once the world spans machines.
     interface = None if is_loopback(address) else interface_of(address)
@@ -133,7 +137,7 @@ def node_plan(
             # Queue keys of this world alone: a resumed trainer (or a run id used again on one
             # Redis) must never meet an earlier world's claims.
             queue=QueueConfig(prefix=world.queue_prefix, claim_timeout_s=30.0, poll_s=0.01),
-            model=spec,
+            model=model,
             optimizer=optimizer,
             database_url=database_url,
             wait_timeout_s=600.0,
@@ -141,6 +145,8 @@ def node_plan(
         )
         for cell in sorted(here)
     )
+    # An FSDP cell's other ranks: the same config at each position (they follow its leader).
+    cells += tuple(replace(c, position=p) for p in range(1, model.ranks_per_cell) for c in cells)
     elastic, cell_engines = None, ()
     if config.cells_move:
         elastic = ElasticConfig(steps=config.steps, mu=config.mu)

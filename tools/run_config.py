@@ -41,6 +41,10 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_grad_norm: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     jmax: Pos = 5
     micro_step_tokens: Pos = 4096
+    shard: str = "none"  # none or fsdp (SHARDS): the PyTorch backend's weights over a cell's ranks
+    shard_ranks: Pos = 1  # processes per cell under fsdp (at least 2)
+    dtype: str = "float32"  # float32 or bfloat16 compute, float32 master weights (DTYPES)
+    activation_checkpointing: bool = False
     scale_advantages: bool = True
     skip_zero_advantage: bool = True
     publish: str = "disk"  # disk, tensor or distributed (PUBLISH_METHODS)
@@ -210,6 +214,7 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
     _check_harness(config, where)
     _check_tasks(config, where)
     _check_judge(config, where)
+    _check_sharding(config, where)
     config.sched()  # the policy and the scheduler's shape are valid
     return config
 
@@ -250,6 +255,34 @@ def _check_trainers(config: RunConfig, where: str) -> None:
         raise ConfigFileError(
             f'{where}: trainers ({config.trainers!r}) must be "all" under policy {config.policy!r}: '
             "cells that move between the roles run on one machine"
+        )
+
+
+# gyre_train.backends.pytorch's SHARDS and DTYPES, spelled here so that reading a config imports no torch
+SHARDS = ("none", "fsdp")
+DTYPES = ("float32", "bfloat16")
+
+
+def _check_sharding(config: RunConfig, where: str) -> None:
+    """``train.shard``, ``train.shard_ranks`` and ``train.dtype``: one line for each mistake."""
+    t = config.train
+    if t.shard not in SHARDS:
+        raise ConfigFileError(f"{where}: train.shard must be one of {list(SHARDS)}, got {t.shard!r}")
+    if t.dtype not in DTYPES:
+        raise ConfigFileError(f"{where}: train.dtype must be one of {list(DTYPES)}, got {t.dtype!r}")
+    if t.shard == "fsdp" and t.shard_ranks < 2:
+        raise ConfigFileError(
+            f'{where}: train.shard = "fsdp" needs train.shard_ranks of at least 2, got {t.shard_ranks} '
+            "(a cell of one rank has nothing to shard over)"
+        )
+    if t.shard == "none" and t.shard_ranks != 1:
+        raise ConfigFileError(
+            f'{where}: train.shard_ranks ({t.shard_ranks}) applies to train.shard = "fsdp" only'
+        )
+    if t.shard == "fsdp" and config.cells_move:
+        raise ConfigFileError(
+            f'{where}: train.shard = "fsdp" needs policy "async": cells that move between rollout and '
+            "training run one process each"
         )
 
 
@@ -410,6 +443,10 @@ lr = {t.lr}
 max_grad_norm = {t.max_grad_norm}   # global gradient-norm clip (0: none)
 jmax = {t.jmax}                 # J_max: trajectories admitted per execution
 micro_step_tokens = {t.micro_step_tokens}   # token budget of one packed micro-step (>= max_context: rows are never split)
+shard = "{t.shard}"   # none (each cell process holds the whole model) or fsdp (FSDP2: each of a cell's shard_ranks processes holds 1/shard_ranks of the weights, gradients and optimizer state)
+shard_ranks = {t.shard_ranks}   # processes per trainer cell under shard = "fsdp" (at least 2); 1 otherwise
+dtype = "{t.dtype}"   # float32 or bfloat16: the compute dtype of forward and backward; the optimizer always steps float32 weights
+activation_checkpointing = {str(t.activation_checkpointing).lower()}   # recompute each decoder layer's activations in backward (less memory, about one more forward)
 scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative advantages by the group's std
 skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
 publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)

@@ -7,22 +7,32 @@ reduce across cells (`gyre_train.cells`) or define the loss (`gyre_train.objecti
 
 from __future__ import annotations
 
+from gyre_train.backends.fsdp import FsdpBackend, GatheredModel
 from gyre_train.backends.megatron import MegatronBackend
 from gyre_train.backends.megatron_cpu import cpu_megatron, megatron_module
 from gyre_train.backends.megatron_export import ExportedModel, gpt2_config, to_gpt2
 from gyre_train.backends.megatron_model import MegatronModelSpec
-from gyre_train.backends.pytorch import ModelSpec, OptimizerConfig, TorchBackend, TrainingBackend
+from gyre_train.backends.pytorch import (
+    ModelSpec,
+    OptimizerConfig,
+    TorchBackend,
+    TorchTraining,
+    TrainingBackend,
+)
 from gyre_train.backends.warmstart import TINY_POLICY, TokenSequence, WarmStartConfig, new_policy, warm_start
 
 __all__ = [
     "TINY_POLICY",
     "ExportedModel",
+    "FsdpBackend",
+    "GatheredModel",
     "MegatronBackend",
     "MegatronModelSpec",
     "ModelSpec",
     "OptimizerConfig",
     "TokenSequence",
     "TorchBackend",
+    "TorchTraining",
     "TrainingBackend",
     "WarmStartConfig",
     "cpu_megatron",

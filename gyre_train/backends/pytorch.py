@@ -3,7 +3,8 @@
 A cell's backend computes packed logprobs, accumulates gradients micro-step by micro-step, and
 moves parameters and gradients as one flat float32 vector (the unit a snapshot, a reduction or a
 broadcast carries). Only the core calls `apply_update`: it owns the one optimizer. Data parallel
-reduction across cells is in gyre_train.cells (replica.py, gloo on the CPU).
+reduction across cells is in gyre_train.cells (replica.py, gloo on the CPU). `TorchTraining`
+says how a cell trains (compute dtype, activation checkpointing, FSDP sharding: fsdp.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,41 @@ class OptimizerConfig:
             raise InvalidConfigError(f"optimizer kind must be adamw or sgd, got {self.kind!r}")
         if self.lr <= 0 or self.max_grad_norm < 0:
             raise InvalidConfigError("lr must be positive and max_grad_norm >= 0")
+
+
+SHARDS = ("none", "fsdp")
+DTYPES: Mapping[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, slots=True)
+class TorchTraining:
+    """How a PyTorch cell trains its model.
+
+    `shard`: "none" (every rank of the cell holds the whole model; one rank) or "fsdp" (FSDP2
+    over the cell's `ranks`, each holding 1/ranks of the weights, gradients and optimizer
+    state). `dtype`: the compute dtype; under "bfloat16" the weights the optimizer steps stay
+    float32 (the master weights) and only the forward and backward run in bfloat16.
+    `activation_checkpointing`: each decoder layer's activations are recomputed in backward.
+    """
+
+    shard: str = "none"
+    ranks: int = 1
+    dtype: str = "float32"
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shard not in SHARDS:
+            raise InvalidConfigError(f"shard must be one of {list(SHARDS)}, got {self.shard!r}")
+        if self.dtype not in DTYPES:
+            raise InvalidConfigError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.shard == "fsdp" and self.ranks < 2:
+            raise InvalidConfigError(f"fsdp shards over at least 2 ranks per cell, got {self.ranks}")
+        if self.shard == "none" and self.ranks != 1:
+            raise InvalidConfigError(f"an unsharded cell has 1 rank, got {self.ranks} (use fsdp)")
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
 
 
 LossOfLogprobs = Callable[[torch.Tensor], torch.Tensor]
@@ -121,6 +157,15 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], config: OptimizerConfig
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant: it composes with
+    FSDP's hooks, which all-gather a layer's weights again for the recomputation)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is None:
+        raise InvalidConfigError(f"{type(model).__name__} has no activation checkpointing")
+    enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
 def build_model(spec: ModelSpec) -> torch.nn.Module:
     """A float32 causal LM from `spec` on the CPU; never downloads."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -148,13 +193,18 @@ class TorchBackend:
 
     spec: ModelSpec
     optimizer_config: OptimizerConfig = field(default_factory=OptimizerConfig)
+    training: TorchTraining = field(default_factory=TorchTraining)
     model: torch.nn.Module = field(init=False)
     _optimizer: torch.optim.Optimizer | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.training.shard != "none":
+            raise InvalidConfigError("TorchBackend trains unsharded; a sharded cell uses FsdpBackend")
         torch.set_num_threads(self.spec.torch_threads)
         self.model = build_model(self.spec)
         self.model.train()
+        if self.training.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
 
     @property
@@ -162,9 +212,13 @@ class TorchBackend:
         return sum(p.numel() for p in self._params)
 
     def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor:
-        """[T] packed logprobs; with `grad=False` no graph is kept (pass 1)."""
-        with torch.set_grad_enabled(grad):
-            return packed_token_logprobs(self.model, step)
+        """[T] packed logprobs; with `grad=False` no graph is kept (pass 1).
+
+        Under bfloat16 the model runs in autocast: the float32 parameters (the master weights)
+        are cast per op, and the logprobs come out float32 as under float32."""
+        dtype = self.training.compute_dtype
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            return packed_token_logprobs(self.model, step).float()
 
     def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
         return backward_loss(loss_of(self.logprobs(step, grad=True)))

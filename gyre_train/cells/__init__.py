@@ -48,7 +48,7 @@ from gyre_train.cells.publish import (
     WeightPublisher,
     WeightSink,
 )
-from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica
+from gyre_train.cells.replica import CellModel, MegatronCells, RankLayout, Replica, TorchCells
 from gyre_train.cells.rollout import (
     RolloutEngine,
     RolloutEngineConfig,
@@ -135,6 +135,7 @@ __all__ = [
     "SyntheticBatchConfig",
     "TakeOver",
     "Task",
+    "TorchCells",
     "TorchDistributedTransport",
     "TrainerPlan",
     "Wait",

@@ -91,7 +91,8 @@ class NodeAgent:
                 target: tuple[Callable[..., None], tuple[object, ...]] = (run_live_cell, (cell, *shared))
                 if trainers.elastic is not None:
                     target = (run_elastic_cell, (cell, *shared, trainers.elastic, trainers.engines[i]))
-                self._children.append(self._start(ctx, f"cell-{cell.cell}", target, restart=False))
+                name = f"cell-{cell.cell}" + (f".{cell.position}" if cell.position else "")  # FSDP ranks
+                self._children.append(self._start(ctx, name, target, restart=False))
         return self
 
     def _start(

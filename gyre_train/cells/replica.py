@@ -1,4 +1,4 @@
-"""A cell's model replica across its ranks: one process, or a Megatron model-parallel group.
+"""A cell's model replica across its ranks: one process, an FSDP group or a Megatron model-parallel group.
 
 A cell is a process group sharing one training layout (paper, "Topology-aware cell organization").
 Its leader (position 0) runs the claim loop (core.py, satellite.py) and talks to the board and the event log; every
@@ -15,19 +15,21 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
 from gyre_train.backends import (
+    FsdpBackend,
     MegatronBackend,
     MegatronModelSpec,
     ModelSpec,
     OptimizerConfig,
     TorchBackend,
+    TorchTraining,
     TrainingBackend,
     megatron_module,
     to_gpt2,
@@ -60,8 +62,22 @@ class MegatronCells:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
-CellModel = ModelSpec | MegatronCells
-"""What every cell trains: a Hugging Face causal LM (one process per cell) or Megatron cells."""
+@dataclass(frozen=True, slots=True)
+class TorchCells:
+    """Cells that each train a Hugging Face causal LM as `training` says: unsharded on one
+    process, or FSDP-sharded over `training.ranks` processes of their own."""
+
+    spec: ModelSpec
+    training: TorchTraining = field(default_factory=TorchTraining)
+
+    @property
+    def ranks_per_cell(self) -> int:
+        return self.training.ranks
+
+
+CellModel = ModelSpec | TorchCells | MegatronCells
+"""What every cell trains: a Hugging Face causal LM (one process per cell, or `TorchCells`) or
+Megatron cells."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +125,9 @@ class RankLayout:
 def layout_of(model: CellModel, cells: int, cell: int, position: int) -> RankLayout:
     if isinstance(model, MegatronCells):
         return RankLayout(cells, cell, position, model.tensor_parallel_size, model.pipeline_parallel_size)
+    if isinstance(model, TorchCells):
+        # An FSDP cell's ranks are neighbours in the world, like tensor-parallel ranks.
+        return RankLayout(cells, cell, position, tensor_parallel_size=model.ranks_per_cell)
     if position:
         raise InvalidConfigError("a Hugging Face model cell has one process (position 0)")
     return RankLayout(cells, cell, 0)
@@ -121,6 +140,17 @@ def open_backend(
     """This rank's backend; torch.distributed must already span the layout's world."""
     if isinstance(model, ModelSpec):
         yield TorchBackend(model, optimizer)
+        return
+    if isinstance(model, TorchCells):
+        if model.training.shard == "none":
+            yield TorchBackend(model.spec, optimizer, model.training)
+            return
+        group: Any = None
+        for c in range(layout.cells):  # collective: every rank makes every cell's group, in order
+            made = dist.new_group([layout.rank_of(c, p) for p in range(layout.size)])
+            if c == layout.cell:
+                group = made
+        yield FsdpBackend(model.spec, optimizer, model.training, group=group)
         return
     pp_kwargs: dict[str, Any] = (
         {"pipeline_parallel_size": model.pipeline_parallel_size} if model.pipeline_parallel_size > 1 else {}
@@ -200,7 +230,9 @@ class Replica:
             "save": self._save,
             "save_gradient": self._save_gradient,
             "publish": self._publish,
+            "publish_gathered": self._publish_gathered,
         }
+        self._publisher: WeightPublisher | None = None
 
     # -- the leader's calls ---------------------------------------------------------------------
 
@@ -272,15 +304,20 @@ class Replica:
         self._run("receive")
 
     def save(self, directory: Path, policy_version: int) -> None:
-        """Core: the weights after an update, as `params-v<version>.pt` (flat, or by name for Megatron)."""
+        """Core: the weights after an update, as `params-v<version>.pt` (flat, or by name for Megatron and FSDP)."""
         self._run("save", str(directory), policy_version)
 
     def save_gradient(self, directory: Path, policy_version: int) -> None:
         """Core, between reduce and update: the reduced batch gradient as `grads-v<version>.pt`
-        (flat, or by name in the TP=1, PP=1 layout for Megatron)."""
+        (flat, or by name: in the TP=1, PP=1 layout for Megatron, whole for FSDP)."""
         self._run("save_gradient", str(directory), policy_version)
 
     def publish(self, publisher: WeightPublisher, policy_version: int) -> None:
+        if isinstance(self.backend, FsdpBackend):
+            # Followers only take part in the gather: the publisher (the leader's) stays here.
+            self._publisher = publisher
+            self._run("publish_gathered", policy_version)
+            return
         self._run("publish", publisher, policy_version)
 
     def stop(self) -> None:
@@ -364,7 +401,7 @@ class Replica:
 
     def _save(self, directory: str, policy_version: int) -> None:
         target = Path(directory) / f"params-v{policy_version}.pt"
-        if isinstance(self.backend, MegatronBackend):
+        if isinstance(self.backend, MegatronBackend | FsdpBackend):
             named = self.backend.full_named_tensors()  # collective over the cell
             if self.layout.leads:
                 torch.save(named, target)
@@ -374,7 +411,7 @@ class Replica:
     def _save_gradient(self, directory: str, policy_version: int) -> None:
         assert self._reduced is not None  # the core reduces before it saves what it will apply
         target = Path(directory) / f"grads-v{policy_version}.pt"
-        if isinstance(self.backend, MegatronBackend):
+        if isinstance(self.backend, MegatronBackend | FsdpBackend):
             named = self.backend.full_named_of(self._reduced)  # collective over the cell
             if self.layout.leads:
                 torch.save(named, target)
@@ -389,3 +426,9 @@ class Replica:
                 publisher.publish(to_gpt2(self.backend.spec, named), policy_version)
             return
         publisher.publish(self.backend, policy_version)
+
+    def _publish_gathered(self, policy_version: int) -> None:
+        gathered = cast(FsdpBackend, self.backend).gathered()  # collective over the cell
+        if self.layout.leads:
+            assert self._publisher is not None  # set by publish() on the leader
+            self._publisher.publish(gathered, policy_version)

@@ -28,7 +28,7 @@ from gyre_train.cells.cell import BurstPlan, CellConfig
 from gyre_train.cells.claims import MicroStepQueue, QueueConfig, RedisMicroStepQueue
 from gyre_train.cells.processes import CellCluster
 from gyre_train.cells.publish import EnginePublisherConfig
-from gyre_train.cells.replica import CellModel, MegatronCells
+from gyre_train.cells.replica import CellModel, MegatronCells, TorchCells
 from gyre_train.cells.wire import BatchManifest, ExecutionTotals
 from gyre_train.trajectories import BatchPacker, ExecutionRows, MicroStep, PackingConfig, ReadyGroup
 from gyre_train.trajectories.testing import synthetic_rows
@@ -120,7 +120,7 @@ def cell_configs(
         model=model,
         **overrides,
     )
-    size = model.ranks_per_cell if isinstance(model, MegatronCells) else 1
+    size = model.ranks_per_cell if isinstance(model, MegatronCells | TorchCells) else 1
     return [replace(base, cell=i, position=p) for p in range(size) for i in range(cells)]
 
 

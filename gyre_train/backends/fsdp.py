@@ -1,0 +1,205 @@
+"""The PyTorch backend sharded by FSDP2 over a cell's ranks: one replica, 1/N of it per rank.
+
+Every rank of the cell runs the same micro-step (the leader's command, replica.py); each decoder
+layer and the rest of the model are `fully_shard` units over the cell's group, so a rank holds a
+1/N shard of the weights, of the gradients (reduce-scattered after each backward, averaged over
+N identical replicas of one micro-step) and of the optimizer's moments, and all-gathers one
+layer at a time to compute. The flat vectors a cell moves (`flat_parameters`, `flat_gradients`)
+are this rank's shards, so position p of every cell meets the same shard in the cross-cell
+reduction and broadcast. Not done here: the model is built whole once per rank before it is
+sharded (a seeded model or a checkpoint folder), and the optimizer state is not kept across a
+restart of the core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from gyre_train.backends.pytorch import TorchBackend, build_model, enable_activation_checkpointing
+from gyre_train.exceptions import InvalidConfigError
+from gyre_train.objective import packed_token_logprobs
+from gyre_train.trajectories import MicroStep
+
+
+class _Logprobs(torch.nn.Module):
+    """The root FSDP unit: its forward is the packed logprobs, so the embeddings, final norm and
+    head (reached directly by the targets-only head, not through the model's own forward) are
+    all-gathered around it like every decoder layer is around its own."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, step: MicroStep) -> torch.Tensor:
+        return packed_token_logprobs(self.inner, step).float()  # [T]
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise InvalidConfigError(f"{type(model).__name__} has no decoder layers (model.layers) to shard")
+    return list(layers)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+@dataclass(frozen=True, eq=False)
+class GatheredModel:
+    """An FSDP cell's whole model, gathered on its leader: what the publisher sends."""
+
+    model: torch.nn.Module  # the leader's sharded module: its config and `save_pretrained`
+    tensors: dict[str, torch.Tensor]
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def save(self, path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path), state_dict=self.tensors)  # type: ignore[operator]
+        return path
+
+
+@dataclass(eq=False)
+class FsdpBackend(TorchBackend):
+    """This rank's shard of an FSDP cell's replica; `group` is the cell's ranks (all of them
+    build the backend together: sharding is collective)."""
+
+    group: Any = None  # torch.distributed ProcessGroup of the cell's ranks
+    _mesh: DeviceMesh = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.training.shard != "fsdp":
+            raise InvalidConfigError(f"FsdpBackend shards with fsdp, got shard {self.training.shard!r}")
+        if self.group is None:
+            raise InvalidConfigError("an FSDP backend needs its cell's process group")
+        if dist.get_world_size(self.group) != self.training.ranks:
+            raise InvalidConfigError(
+                f"the cell's group has {dist.get_world_size(self.group)} ranks, fsdp expects {self.training.ranks}"
+            )
+        if self.optimizer_config.state_path is not None:
+            raise InvalidConfigError("an FSDP cell does not load a saved optimizer state")
+        torch.set_num_threads(self.spec.torch_threads)
+        model = build_model(self.spec)
+        model.train()
+        if self.training.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        self._mesh = DeviceMesh.from_group(self.group, device_type="cpu")
+        dtype = self.training.compute_dtype
+        # float32 shards are the master weights the optimizer steps; bfloat16 is what is gathered
+        # and computed with; gradients are reduce-scattered (and accumulated) in float32.
+        policy = (
+            MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            if dtype != torch.float32
+            else MixedPrecisionPolicy()
+        )
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=self._mesh, mp_policy=policy)
+        self._root = _Logprobs(model)
+        fully_shard(self._root, mesh=self._mesh, mp_policy=policy)
+        self.model = model
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    def _locals(self) -> list[torch.Tensor]:
+        return [cast(DTensor, p).to_local() for p in self._params]
+
+    @property
+    def numel(self) -> int:
+        """Values in this rank's shard."""
+        return sum(t.numel() for t in self._locals())
+
+    def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor:
+        """[T] packed logprobs; collective over the cell (each layer is gathered to compute)."""
+        with torch.set_grad_enabled(grad):
+            logprobs: torch.Tensor = self._root(step)
+            return logprobs
+
+    def flat_parameters(self) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1) for t in self._locals()])
+
+    @torch.no_grad()
+    def load_flat_parameters(self, flat: torch.Tensor) -> None:
+        if flat.numel() != self.numel:
+            raise InvalidConfigError(f"flat parameters have {flat.numel()} values, this shard {self.numel}")
+        offset = 0
+        for local in self._locals():  # views of the sharded storage FSDP gathers from
+            local.copy_(flat[offset : offset + local.numel()].view_as(local))
+            offset += local.numel()
+
+    def flat_gradients(self) -> torch.Tensor:
+        return torch.cat(
+            [
+                (cast(DTensor, p.grad).to_local() if p.grad is not None else torch.zeros_like(t)).reshape(-1)
+                for p, t in zip(self._params, self._locals(), strict=True)
+            ]
+        )
+
+    def _sharded(self, flat: torch.Tensor) -> list[DTensor]:
+        """This rank's flat shard vector as one DTensor per parameter (no copy across ranks)."""
+        out, offset = [], 0
+        for p, local in zip(self._params, self._locals(), strict=True):
+            chunk = flat[offset : offset + local.numel()].view_as(local).clone()
+            offset += local.numel()
+            tensor = cast(DTensor, p)
+            out.append(
+                DTensor.from_local(
+                    chunk, self._mesh, tensor.placements, run_check=False, shape=p.shape, stride=p.stride()
+                )
+            )
+        return out
+
+    def apply_update(self, flat_gradients: torch.Tensor) -> float:
+        """Clip by the global norm over every shard of the cell and step each shard; collective.
+
+        AdamW and SGD act element by element, so stepping each shard equals stepping the whole."""
+        if self._optimizer is None:
+            self._optimizer = self._make_optimizer()
+        for p, grad in zip(self._params, self._sharded(flat_gradients), strict=True):
+            p.grad = grad
+        squares = flat_gradients.double().square().sum().reshape(1)  # this shard's share of |g|^2
+        dist.all_reduce(squares, group=self.group)
+        norm = float(squares.sqrt())
+        max_norm = self.optimizer_config.max_grad_norm
+        if max_norm > 0 and norm > max_norm:
+            # clip_grad_norm_'s coefficient, so a clipped step equals the unsharded one
+            coefficient = max_norm / (norm + 1e-6)
+            for p in self._params:
+                cast(DTensor, p.grad).to_local().mul_(coefficient)
+        self._optimizer.step()
+        self.zero_gradients()
+        return norm
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The whole model by name, gathered on every rank of the cell (collective)."""
+        return {name: _full(t).detach() for name, t in self.model.state_dict().items()}
+
+    def full_named_tensors(self) -> dict[str, torch.Tensor]:
+        return self.named_tensors()
+
+    def full_named_of(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A flat shard vector (a batch gradient) as whole tensors by parameter name (collective)."""
+        names = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        return {name: t.full_tensor() for name, t in zip(names, self._sharded(flat), strict=True)}
+
+    def gathered(self) -> GatheredModel:
+        """The whole model for publication (collective; every rank holds it until it is dropped)."""
+        return GatheredModel(self.model, self.named_tensors())
+
+    def save(self, path: Path) -> Path:
+        """`save_pretrained` of the whole model into `path` by the cell's first rank (collective)."""
+        gathered = self.gathered()
+        if dist.get_rank(self.group) == 0:
+            gathered.save(path)
+        return path
+
+    def save_training_state(self, path: Path) -> Path | None:
+        raise InvalidConfigError("an FSDP cell does not keep its optimizer state for a resumed core")

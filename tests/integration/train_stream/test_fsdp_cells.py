@@ -1,0 +1,214 @@
+"""FSDP cells: a cell of two gloo processes, each holding half of a Qwen3's weights, gradients and
+optimizer state, trains like one unsharded process on the same checkpoint and batches.
+
+Unclipped SGD with lr 1 moves every weight by the whole gradient, so the weights after several
+updates see the magnitude of every gradient applied (a wrong scale, such as dividing by the
+world size twice, moves them by half a gradient). Also: bfloat16 compute against float32, and
+FSDP cells with a satellite that joins a batch in flight, with real Redis and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+import torch.multiprocessing as mp
+
+from gyre_proxy.engines.refengine import free_port
+from gyre_store import PostgresEventLog, iterate
+from gyre_store.catalog import ContributionAccepted, MicroStepClaimed, TrainingUpdate
+from gyre_train import InvalidConfigError
+from gyre_train.backends import FsdpBackend, ModelSpec, OptimizerConfig, TorchBackend, TorchTraining
+from gyre_train.cells import (
+    TINY_QWEN3,
+    BurstPlan,
+    CellCluster,
+    RedisMicroStepQueue,
+    SyntheticBatchConfig,
+    TorchCells,
+    cell_configs,
+    enqueue_batch,
+    gradient_share,
+    merge_shares,
+    ratio_share,
+    synthetic_batch,
+)
+from gyre_train.objective import LossConfig
+from tests.integration.train_stream.gloo import gloo_world
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = ModelSpec(TINY_QWEN3, seed=7)
+DATA = SyntheticBatchConfig(groups=2, executions=3, max_rows=2, vocab_size=512)
+OPTIMIZER = OptimizerConfig(kind="sgd", lr=1.0, max_grad_norm=0.0)  # unclipped: see the docstring
+LOSS = LossConfig(clip_low=0.01, clip_high=100.0)
+SEED, BATCHES = 11, 3
+FSDP = TorchTraining(shard="fsdp", ranks=2)
+
+
+def _train(backend: TorchBackend, batches: int) -> dict[str, list[object]]:
+    """Train each whole batch in turn as one cell: losses, gradient norms, the applied batch
+    gradients and the weights after each update, all whole (gathered for FSDP)."""
+    gather = isinstance(backend, FsdpBackend)
+
+    def weights() -> dict[str, torch.Tensor]:  # copies: the unsharded ones are the live tensors
+        return (
+            backend.full_named_tensors()
+            if gather
+            else {n: t.clone() for n, t in backend.named_tensors().items()}
+        )
+
+    states: list[object] = [weights()]
+    losses: list[object] = []
+    norms: list[object] = []
+    gradients: list[object] = []
+    for b in range(batches):
+        steps, executions = synthetic_batch(SEED, b, DATA)
+        clip = merge_shares((ratio_share(backend, s) for s in steps), executions, LOSS)
+        backend.zero_gradients()
+        losses.append(sum(gradient_share(backend, s, clip, LOSS) for s in steps))
+        flat = backend.flat_gradients()
+        if gather:
+            gradients.append(backend.full_named_of(flat))
+        else:
+            named = [(n, p) for n, p in backend.model.named_parameters() if p.requires_grad]
+            pieces = flat.split([p.numel() for _, p in named])
+            gradients.append({n: g.view_as(p).clone() for (n, p), g in zip(named, pieces, strict=True)})
+        norms.append(backend.apply_update(flat))
+        states.append(weights())
+    return {"states": states, "losses": losses, "norms": norms, "gradients": gradients}
+
+
+def _fsdp_rank(rank: int, training: TorchTraining, port: int, output: str) -> None:
+    with gloo_world(rank, 2, port):
+        backend = FsdpBackend(SPEC, OPTIMIZER, training, group=torch.distributed.group.WORLD)
+        assert backend.numel < sum(t.numel() for t in backend.named_tensors().values())  # a shard
+        result = _train(backend, BATCHES)
+        if rank == 0:
+            torch.save(result, output)
+
+
+def _fsdp(training: TorchTraining, output: Path) -> dict[str, list[object]]:
+    mp.start_processes(_fsdp_rank, args=(training, free_port(), str(output)), nprocs=2, start_method="spawn")
+    saved: dict[str, list[object]] = torch.load(output)
+    return saved
+
+
+@pytest.fixture(scope="module")
+def unsharded() -> dict[str, list[object]]:
+    torch.set_num_threads(1)
+    return _train(TorchBackend(SPEC, OPTIMIZER), BATCHES)
+
+
+def _close(got: object, expected: object, rtol: float, atol: float, what: str) -> None:
+    assert isinstance(got, dict) and isinstance(expected, dict)
+    assert got.keys() == expected.keys(), what
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=rtol, atol=atol, msg=f"{what} {name}")
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_an_fsdp_cell_of_two_ranks_equals_the_unsharded_update(
+    checkpointing: bool, unsharded: dict[str, list[object]], tmp_path: Path
+) -> None:
+    """Both ranks compute each micro-step on the same weights with the same kernels and the
+    reduce-scatter averages two identical float32 gradients (exact for a power of two): measured,
+    the loss, the gradients and the weights after three steps are bitwise the unsharded ones
+    (gradients up to 1.3e-3, steps up to 1.3e-3). The norm is summed in float64 over the shards
+    and in float32 whole: 1.7e-6 relative apart. A wrong scale is off by a fraction of the
+    gradient, far outside these bounds."""
+    got = _fsdp(_fsdp_training(checkpointing), tmp_path / "fsdp.pt")
+    for b in range(BATCHES):
+        assert got["losses"][b] == pytest.approx(unsharded["losses"][b], rel=1e-6)
+        assert got["norms"][b] == pytest.approx(unsharded["norms"][b], rel=1e-5)
+        _close(got["gradients"][b], unsharded["gradients"][b], 1e-6, 1e-10, f"gradient {b}")
+        _close(got["states"][b + 1], unsharded["states"][b + 1], 1e-6, 1e-10, f"weights after {b + 1}")
+    moved = max(
+        float((unsharded["states"][BATCHES][n] - unsharded["states"][0][n]).abs().max())  # type: ignore[index]
+        for n in unsharded["states"][0]  # type: ignore[attr-defined]
+    )
+    assert moved > 1e-3  # the updates are not trivially zero
+
+
+def _fsdp_training(checkpointing: bool, dtype: str = "float32") -> TorchTraining:
+    return TorchTraining(shard="fsdp", ranks=2, dtype=dtype, activation_checkpointing=checkpointing)
+
+
+def test_bfloat16_fsdp_tracks_float32_within_bfloat16_rounding(
+    unsharded: dict[str, list[object]], tmp_path: Path
+) -> None:
+    """bfloat16 keeps 8 significant bits (rounding up to 2^-9 = 0.2% relative per op); the loss
+    is a mean over many tokens, so its roundings mostly cancel, while each gradient element
+    carries them. Measured over three steps: loss 1.7e-4 and gradient norm 1.1e-3 relative,
+    weights 0.85% of the total step apart. The bounds are about ten times those. The weights
+    stay float32 masters: they differ by a fraction of the step, never by bfloat16's rounding
+    of a weight itself (2^-9 of it, which would be far larger than a step of 1e-3)."""
+    got = _fsdp(_fsdp_training(False, "bfloat16"), tmp_path / "bf16.pt")
+    for b in range(BATCHES):
+        assert got["losses"][b] == pytest.approx(unsharded["losses"][b], rel=2e-3)
+        assert got["norms"][b] == pytest.approx(unsharded["norms"][b], rel=1e-2)
+    final, start = got["states"][BATCHES], unsharded["states"][0]
+    expected = unsharded["states"][BATCHES]
+    assert isinstance(final, dict) and isinstance(start, dict) and isinstance(expected, dict)
+    step = max(float((tensor - start[name]).abs().max()) for name, tensor in expected.items())
+    for name, tensor in expected.items():
+        assert float((final[name] - tensor).abs().max()) <= 0.08 * step, name
+
+
+def test_fsdp_config_errors_are_one_line() -> None:
+    with pytest.raises(InvalidConfigError, match="at least 2 ranks"):
+        TorchTraining(shard="fsdp", ranks=1)
+    with pytest.raises(InvalidConfigError, match="dtype must be one of"):
+        TorchTraining(dtype="float16")
+    with pytest.raises(InvalidConfigError, match="shard must be one of"):
+        TorchTraining(shard="zero3")
+    with pytest.raises(InvalidConfigError, match="needs its cell's process group"):
+        FsdpBackend(SPEC, OPTIMIZER, FSDP)
+
+
+def test_fsdp_cells_with_a_joining_satellite_equal_one_process(
+    unsharded: dict[str, list[object]], redis_client: redis.Redis, prefix: str, redis_url: str,
+    pg_log: PostgresEventLog, database_url: str,
+) -> None:  # fmt: skip
+    """Two FSDP cells of two ranks each: the satellite joins batch 0 at a random claim and stays
+    for batch 1 (the broadcast of shards), then rejoins for batch 2 (the snapshot pull)."""
+    rng = np.random.default_rng(3)
+    sizes = {b: len(synthetic_batch(SEED, b, DATA)[0]) for b in range(BATCHES)}
+    bursts = [
+        BurstPlan(batches=(0, 1), joins={1: (0, int(rng.integers(0, sizes[0])))}),
+        BurstPlan(batches=(2,), joins={1: (0, int(rng.integers(0, sizes[2])))}),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp)
+        configs = cell_configs(
+            cells=2, redis_url=redis_url, port=free_port(), model=TorchCells(SPEC, FSDP), prefix=prefix,
+            optimizer=OPTIMIZER, loss=LOSS, output_dir=output, database_url=database_url,
+        )  # fmt: skip
+        assert [(c.cell, c.position) for c in configs] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+        with CellCluster(configs, bursts) as cluster:
+            for b in range(BATCHES):
+                steps, executions = synthetic_batch(SEED, b, DATA)
+                enqueue_batch(RedisMicroStepQueue(redis_client, configs[0].queue, b), steps, executions, 0.02)
+            cluster.wait(timeout_s=240)
+        events = [e.event for e in iterate(pg_log)]
+        updates = [e for e in events if isinstance(e, TrainingUpdate)]
+        assert [u.policy_version for u in updates] == [1, 2, 3]
+        for b, update in enumerate(updates):
+            # Summed in another order over cells than in one process: float32 rounding only.
+            assert update.loss == pytest.approx(unsharded["losses"][b], rel=1e-5)
+            assert update.grad_norm == pytest.approx(unsharded["norms"][b], rel=1e-5)
+            _close(torch.load(output / f"grads-v{b + 1}.pt"), unsharded["gradients"][b], 1e-4, 1e-8, f"g{b}")
+            _close(
+                torch.load(output / f"params-v{b + 1}.pt"), unsharded["states"][b + 1], 1e-5, 1e-7, f"w{b}"
+            )
+    contributions = [e for e in events if isinstance(e, ContributionAccepted)]
+    assert Counter((e.batch, e.micro_step) for e in contributions) == Counter(
+        {(b, m): 1 for b, n in sizes.items() for m in range(n)}
+    )  # each micro-step counted once
+    assert {e.cell for e in contributions} == {0, 1}  # the satellite's gradients entered updates
+    assert set(Counter(e.cell for e in events if isinstance(e, MicroStepClaimed))) == {0, 1}  # leaders claim
