@@ -10,8 +10,9 @@ from __future__ import annotations
 from gyre_train.backends.fsdp import FsdpBackend, GatheredModel
 from gyre_train.backends.megatron import MegatronBackend
 from gyre_train.backends.megatron_cpu import cpu_megatron, megatron_module
-from gyre_train.backends.megatron_export import ExportedModel, gpt2_config, to_gpt2
+from gyre_train.backends.megatron_export import ExportedModel, export_model, gpt2_config, to_gpt2
 from gyre_train.backends.megatron_model import MegatronModelSpec
+from gyre_train.backends.megatron_qwen3 import qwen3_spec
 from gyre_train.backends.pytorch import (
     ModelSpec,
     OptimizerConfig,
@@ -36,9 +37,11 @@ __all__ = [
     "TrainingBackend",
     "WarmStartConfig",
     "cpu_megatron",
+    "export_model",
     "gpt2_config",
     "megatron_module",
     "new_policy",
+    "qwen3_spec",
     "to_gpt2",
     "warm_start",
 ]

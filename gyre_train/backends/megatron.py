@@ -8,7 +8,8 @@ Megatron's 1F1B schedule and the last stage broadcasts its logprobs and loss, so
 `full_named_tensors` is the TP=1, PP=1 model. Optionally Megatron's distributed optimizer shards
 AdamW's state over the data-parallel ranks. The caller owns `torch.distributed` and the reduction
 across cells (gyre_train.cells); without a GPU everything runs inside `megatron_cpu.cpu_megatron()`.
-Not here: virtual pipeline stages, expert parallelism, tied embeddings.
+The model is the seeded GPT or a Qwen3 checkpoint's (megatron_qwen3.py; tied embeddings only with
+PP = 1). Not here: virtual pipeline stages, expert parallelism.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from gyre_train.backends.megatron_model import (
     build_stage,
     draw_weights,
     global_names,
+    join_shards,
+    load_weights,
     packed_logprobs,
     stage_inputs,
 )
+from gyre_train.backends.megatron_qwen3 import megatron_state, read_weights
 from gyre_train.backends.pytorch import (
     LossOfLogprobs,
     OptimizerConfig,
@@ -111,9 +115,30 @@ class MegatronBackend:
         )
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self._global_names = global_names(self.model)
-        draw_weights(self.model, self._global_names, self.spec, self.tensor_parallel_size, config)
+        if self.spec.checkpoint is not None:
+            full = megatron_state(self.spec, read_weights(self.spec.checkpoint))
+            load_weights(self.model, self._global_names, full, self.tensor_parallel_size)
+        else:
+            draw_weights(self.model, self._global_names, self.spec, self.tensor_parallel_size, config)
+        if self.tensor_parallel_size > 1:
+            self._sum_norm_gradients_over_tp()
         if self.distributed_optimizer:
             self._wrap_for_distributed_optimizer(config)
+
+    def _sum_norm_gradients_over_tp(self) -> None:
+        """Each TP rank holds its own heads, so its copy of a per-head query or key norm weight
+        gets the gradient of those heads only: every backward's contribution is summed over the
+        tensor-parallel group before it accumulates (what Megatron's finalize_model_grads does
+        for qk_layernorm after the whole backward)."""
+
+        def summed(gradient: torch.Tensor) -> torch.Tensor:
+            total = gradient.clone()
+            dist.all_reduce(total, group=self._group)
+            return total
+
+        for name, p in self.model.named_parameters():
+            if "q_layernorm" in name or "k_layernorm" in name:
+                p.register_hook(summed)  # type: ignore[no-untyped-call]
 
     def _wrap_for_distributed_optimizer(self, config: Any) -> None:
         # DDP moves the parameters into one contiguous buffer and accumulates every backward
@@ -259,7 +284,13 @@ class MegatronBackend:
 
     def _make_optimizer(self) -> Any:
         if self._ddp is None:
-            return make_optimizer(self._params, self.optimizer_config)
+            optimizer = make_optimizer(self._params, self.optimizer_config)
+            path = self.optimizer_config.state_path
+            if path is not None:
+                optimizer.load_state_dict(self._kept_state(Path(path)))
+            return optimizer
+        if self.optimizer_config.state_path is not None:
+            raise InvalidConfigError("the distributed optimizer does not resume from a kept state")
         optimizer = megatron_module("megatron.core.optimizer")
         ours = self.optimizer_config
         # Megatron skips weight decay on biases and norms; gyre's plain optimizer does not.
@@ -276,6 +307,42 @@ class MegatronBackend:
             params_dtype=torch.float32,
         )
         return optimizer.get_megatron_optimizer(config, [self._ddp])
+
+    def _layout_key(self) -> str:
+        parallel_state = megatron_module("megatron.core.parallel_state")
+        tp = parallel_state.get_tensor_model_parallel_rank()
+        pp = parallel_state.get_pipeline_model_parallel_rank()
+        return f"tp{tp}-pp{pp}"
+
+    def _kept_state(self, path: Path) -> Any:
+        """This rank's optimizer state out of a file of `gathered_training_state`."""
+        if not path.is_file():
+            raise InvalidConfigError(f"no optimizer state at {path}")
+        kept = torch.load(path, weights_only=True)
+        shards = kept.get("megatron") if isinstance(kept, dict) else None
+        key = self._layout_key()
+        if not isinstance(shards, dict) or key not in shards:
+            raise InvalidConfigError(
+                f"{path} holds no Megatron optimizer state for shard {key} "
+                f"(TP={self.tensor_parallel_size}, PP={self.pipeline_parallel_size})"
+            )
+        return shards[key]
+
+    def gathered_training_state(self) -> dict[str, Any] | None:
+        """Every shard's optimizer state, `{"megatron": {"tp<t>-pp<p>": state_dict}}`, on every
+        rank (collective over the model-parallel group); None before any update or kept state.
+        A core resumed with the same TP and PP takes its shard's back (`state_path`)."""
+        if self._ddp is not None:
+            raise InvalidConfigError("the distributed optimizer's state is not kept with a publication")
+        if self._optimizer is None and self.optimizer_config.state_path is None:
+            return None
+        if self._optimizer is None:
+            self._optimizer = self._make_optimizer()
+        group = megatron_module("megatron.core.parallel_state").get_model_parallel_group()
+        mine = (self._layout_key(), self._optimizer.state_dict())
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, mine, group=group)
+        return {"megatron": dict(parts)}
 
     def optimizer_state_numel(self) -> int:
         """Values of optimizer state (moments) this rank holds; 0 before the first update."""
@@ -408,7 +475,7 @@ class MegatronBackend:
             return shard.clone()
         parts = [torch.empty_like(shard) for _ in range(size)]
         dist.all_gather(parts, shard.contiguous(), group=self._group)
-        return torch.cat(parts, dim=int(getattr(parameter, "partition_dim", 0)))
+        return join_shards(parts, parameter)
 
     def save(self, path: Path) -> Path:
         """This rank's shard as `tp<t>-pp<p>.pt` under `path` (names as `named_tensors`)."""

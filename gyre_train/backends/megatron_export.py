@@ -1,4 +1,8 @@
-"""Megatron-core GPT weights as a Hugging Face GPT-2, so engines can serve what Megatron trains.
+"""Megatron-core GPT weights as a Hugging Face model, so engines can serve what Megatron trains.
+
+`export_model` picks by the spec's architecture: a Qwen3 checkpoint's GPTModel goes back to
+Qwen3 (`to_qwen3`: the layouts of megatron_qwen3.py undone, config.json the checkpoint's own);
+the seeded GPT to GPT-2, below.
 
 The backend's GPT (learned absolute positions, LayerNorm, GELU MLP, biases, untied output layer)
 is GPT-2's architecture; only the layouts differ. Megatron packs the attention input projection
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 
 from gyre_train.backends.megatron import MegatronModelSpec
+from gyre_train.backends.megatron_qwen3 import hf_state, read_config
 from gyre_train.exceptions import InvalidConfigError
 
 
@@ -27,6 +32,8 @@ class ExportedModel:
 
     config: dict[str, Any]
     state: dict[str, torch.Tensor]
+    # The optimizer state kept with this publication (MegatronBackend.gathered_training_state).
+    training_state: dict[str, Any] | None = None
 
     def save(self, path: Path) -> Path:
         """`save_pretrained` into `path` (config.json and safetensors); returns `path`."""
@@ -42,6 +49,16 @@ class ExportedModel:
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.state)
+
+    def save_training_state(self, path: Path) -> Path | None:
+        """The kept optimizer state to `path` (whole or absent); None when there is none."""
+        if self.training_state is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        torch.save(self.training_state, partial)
+        partial.replace(path)
+        return path
 
 
 def gpt2_config(spec: MegatronModelSpec) -> dict[str, Any]:
@@ -108,3 +125,20 @@ def to_gpt2(spec: MegatronModelSpec, named: Mapping[str, torch.Tensor]) -> Expor
     state["transformer.ln_f.bias"] = take("decoder.final_layernorm.bias")
     state["lm_head.weight"] = take("output_layer.weight")
     return ExportedModel(gpt2_config(spec), state)
+
+
+def to_qwen3(spec: MegatronModelSpec, named: Mapping[str, torch.Tensor]) -> ExportedModel:
+    """Qwen3 weights from a TP=1, PP=1 Megatron state of the checkpoint `spec` was read from."""
+    if spec.architecture != "qwen3" or spec.checkpoint is None:
+        raise InvalidConfigError("to_qwen3 exports the GPTModel of a Qwen3 checkpoint")
+    config = {
+        k: v
+        for k, v in read_config(spec.checkpoint).items()
+        if k not in ("transformers_version", "dtype", "torch_dtype")
+    }
+    return ExportedModel(config, hf_state(spec, named))
+
+
+def export_model(spec: MegatronModelSpec, named: Mapping[str, torch.Tensor]) -> ExportedModel:
+    """The Hugging Face model an engine loads: Qwen3 for a Qwen3 checkpoint, else GPT-2."""
+    return to_qwen3(spec, named) if spec.architecture == "qwen3" else to_gpt2(spec, named)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -30,12 +32,20 @@ _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 @dataclass(frozen=True, slots=True)
 class MegatronModelSpec:
-    """A small GPT (learned absolute positions, untied output layer) and the seed of its weights.
+    """A GPTModel's shape and where its weights come from.
 
-    Positions are learned embeddings because they take the packed position ids directly (they
-    restart at 0 on every row). Each weight is drawn at full size from a seed keyed by its TP=1,
-    PP=1 name and then split, so every tensor- and pipeline-parallel layout starts from the same
-    model.
+    `architecture = "gpt"` (the default): a small GPT (learned absolute positions, LayerNorm,
+    GELU, biases, untied output layer) whose weights are drawn from `seed`. Positions are learned
+    embeddings because they take the packed position ids directly (they restart at 0 on every
+    row). Each weight is drawn at full size from a seed keyed by its TP=1, PP=1 name and then
+    split, so every tensor- and pipeline-parallel layout starts from the same model.
+
+    `architecture = "qwen3"` (made by `megatron_qwen3.qwen3_spec` from a checkpoint folder):
+    rotary positions, RMSNorm, SwiGLU, grouped-query attention (`num_query_groups`), per-head
+    query and key RMSNorm, no biases, the output layer tied to the embedding or not; the weights
+    are `checkpoint`'s. Rotary positions count from 0 over the whole packed micro-step instead
+    of restarting on each row: attention never crosses a row and a rotary score depends only on
+    the distance between query and key, so only rounding differs.
     """
 
     num_layers: int = 2
@@ -46,10 +56,24 @@ class MegatronModelSpec:
     ffn_hidden_size: int | None = None
     seed: int = 0
     torch_threads: int = 1
+    architecture: str = "gpt"  # "gpt" or "qwen3"
+    num_query_groups: int | None = None  # key/value heads (None: one per attention head)
+    kv_channels: int | None = None  # the head dimension (None: hidden_size / heads)
+    rotary_base: float = 10_000.0
+    norm_epsilon: float = 1e-5
+    tie_embeddings: bool = False
+    checkpoint: Path | None = None  # a save_pretrained folder whose weights the model takes
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
+        if self.architecture not in ("gpt", "qwen3"):
+            raise InvalidConfigError(f"architecture must be gpt or qwen3, not {self.architecture!r}")
+        if self.architecture == "gpt" and self.hidden_size % self.num_attention_heads:
             raise InvalidConfigError("hidden_size must be a multiple of num_attention_heads")
+        groups = self.num_query_groups or self.num_attention_heads
+        if self.num_attention_heads % groups:
+            raise InvalidConfigError("num_attention_heads must be a multiple of num_query_groups")
+        if self.architecture == "gpt" and (self.tie_embeddings or self.checkpoint is not None):
+            raise InvalidConfigError("the seeded gpt has an untied output layer and no checkpoint")
 
 
 def build_stage(spec: MegatronModelSpec, tp: int, pp: int, stack: ExitStack) -> tuple[torch.nn.Module, Any]:
@@ -69,7 +93,29 @@ def build_stage(spec: MegatronModelSpec, tp: int, pp: int, stack: ExitStack) -> 
     tracker = tensor_parallel.get_cuda_rng_tracker()
     tracker.reset()
     tracker.add(_MODEL_PARALLEL_RNG, spec.seed + 2718)
+    qwen3 = spec.architecture == "qwen3"
+    if qwen3 and spec.tie_embeddings and pp > 1:
+        raise InvalidConfigError(
+            "a checkpoint with tied embeddings trains with pipeline parallelism 1 only: the "
+            "embedding and the output layer would live on different stages"
+        )
+    architecture: dict[str, Any] = {}
+    if qwen3:
+        architecture = {
+            "num_query_groups": spec.num_query_groups,
+            "kv_channels": spec.kv_channels,
+            "normalization": "RMSNorm",
+            "layernorm_epsilon": spec.norm_epsilon,
+            "gated_linear_unit": True,
+            "activation_func": torch.nn.functional.silu,
+            "bias_activation_fusion": False,
+            "add_bias_linear": False,
+            "add_qkv_bias": False,
+            "qk_layernorm": True,
+            "apply_rope_fusion": False,
+        }
     config = transformer_config.TransformerConfig(
+        **architecture,
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_attention_heads,
@@ -88,15 +134,21 @@ def build_stage(spec: MegatronModelSpec, tp: int, pp: int, stack: ExitStack) -> 
     torch.manual_seed(spec.seed)
     model = gpt.GPTModel(
         config=config,
-        transformer_layer_spec=layer_specs.get_gpt_layer_local_spec(),
+        transformer_layer_spec=(
+            layer_specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+            if qwen3
+            else layer_specs.get_gpt_layer_local_spec()
+        ),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_sequence_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        position_embedding_type="learned_absolute",
-        # Untied: with PP the embedding and the output layer live on different stages, and
-        # tying them would make the gradient norm count a shared weight twice.
-        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope" if qwen3 else "learned_absolute",
+        rotary_base=spec.rotary_base,
+        # The seeded GPT is untied: with PP the embedding and the output layer live on
+        # different stages, and tying them would make the gradient norm count a shared weight
+        # twice. A checkpoint's tying is kept (and then PP is 1, checked above).
+        share_embeddings_and_output_weights=spec.tie_embeddings,
         parallel_output=True,
     )
     model.train()
@@ -144,6 +196,48 @@ def draw_weights(
         if split:
             full = full.chunk(tp, dim=dim)[rank]
         p.copy_(full)
+
+
+def split_full(full: torch.Tensor, parameter: torch.nn.Parameter, tp: int, rank: int) -> torch.Tensor:
+    """This tensor-parallel rank's shard of a TP=1 tensor, split as Megatron splits `parameter`.
+
+    A split with stride s (SwiGLU's fc1: [gate; up], stride 2) gives each rank the rank-th
+    piece of each of the s blocks: [gate_r; up_r].
+    """
+    if tp == 1 or not getattr(parameter, "tensor_model_parallel", False):
+        return full
+    dim = int(getattr(parameter, "partition_dim", 0))
+    stride = int(getattr(parameter, "partition_stride", 1))
+    return torch.cat([block.chunk(tp, dim=dim)[rank] for block in full.chunk(stride, dim=dim)], dim=dim)
+
+
+def join_shards(parts: list[torch.Tensor], parameter: torch.nn.Parameter) -> torch.Tensor:
+    """The TP=1 tensor of every rank's shard (in rank order): `split_full` undone."""
+    if len(parts) == 1 or not getattr(parameter, "tensor_model_parallel", False):
+        return parts[0]
+    dim = int(getattr(parameter, "partition_dim", 0))
+    stride = int(getattr(parameter, "partition_stride", 1))
+    pieces = [part.chunk(stride, dim=dim) for part in parts]  # [rank][block]
+    return torch.cat([pieces[r][b] for b in range(stride) for r in range(len(parts))], dim=dim)
+
+
+@torch.no_grad()
+def load_weights(
+    model: torch.nn.Module, names: dict[str, str], full: Mapping[str, torch.Tensor], tp: int
+) -> None:
+    """Copy a TP=1, PP=1 state (by `global_names`) into this stage's shard; every parameter
+    must be there with its full shape."""
+    rank = megatron_module("megatron.core.parallel_state").get_tensor_model_parallel_rank()
+    for name, p in model.named_parameters():
+        global_name = names[name]
+        if global_name not in full:
+            raise InvalidConfigError(f"the checkpoint gives no weight for {global_name}")
+        shard = split_full(full[global_name], p, tp, rank)
+        if shard.shape != p.shape:
+            raise InvalidConfigError(
+                f"{global_name}: the checkpoint's shard is {tuple(shard.shape)}, the model's {tuple(p.shape)}"
+            )
+        p.copy_(shard)
 
 
 def stage_inputs(step: MicroStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

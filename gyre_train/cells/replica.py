@@ -12,6 +12,7 @@ all and the weight transport (torch.distributed or Mooncake) is used as is.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,8 +32,8 @@ from gyre_train.backends import (
     TorchBackend,
     TorchTraining,
     TrainingBackend,
+    export_model,
     megatron_module,
-    to_gpt2,
 )
 from gyre_train.cells.board import SnapshotBoard, SnapshotDescriptor
 from gyre_train.cells.local import gradient_share, ratio_share
@@ -420,10 +421,13 @@ class Replica:
 
     def _publish(self, publisher: WeightPublisher, policy_version: int) -> None:
         if isinstance(self.backend, MegatronBackend):
-            # Engines serve Hugging Face models: the whole GPT, gathered, as a GPT-2.
+            # Engines serve Hugging Face models: the whole model, gathered, as the checkpoint's
+            # architecture (or a GPT-2), with every shard's optimizer state for a resumed core.
             named = self.backend.full_named_tensors()  # collective over the cell
+            kept = self.backend.gathered_training_state()  # collective over the cell
             if self.layout.leads:
-                publisher.publish(to_gpt2(self.backend.spec, named), policy_version)
+                exported = dataclasses.replace(export_model(self.backend.spec, named), training_state=kept)
+                publisher.publish(exported, policy_version)
             return
         publisher.publish(self.backend, policy_version)
 
