@@ -9,6 +9,7 @@ closed batch per step.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -158,10 +159,12 @@ def test_a_step_links_every_reward_to_the_evaluation_it_came_from(recorded: Any)
 def test_the_execution_view_draws_the_tree_and_the_admitted_trajectories(
     recorded: Any, pg_log: PostgresEventLog
 ) -> None:
-    client, taken, _ = recorded
+    folding, taken, _ = recorded
     store = PostgresProjectionStore(pg_log.pool, projections().tables())
     catch_up(pg_log, store, TreeProjection())
-    for step, group in taken:
+    # As gyre ui serves it (trees at the head read from the projection), and folded from records.
+    projected = TestClient(create_app(pg_log, store=store, poll_s=60))
+    for (step, group), client in itertools.product(taken, (projected, folding)):
         for execution in group.executions:
             view = TreeView.load(store, execution.execution_id)
             page = client.get(f"/executions/{execution.execution_id}").text

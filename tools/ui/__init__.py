@@ -32,10 +32,13 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gyre_store import PostgresProjectionStore
+    from gyre_tools.common import all_projections
     from gyre_tools.ui.app import create_app
 
     with open_store(args) as opened:
-        app = create_app(opened.log, model=args.model)
+        store = PostgresProjectionStore(opened.log.pool, all_projections().tables())
+        app = create_app(opened.log, store=store, model=args.model)
         console.print(f"gyre ui: http://{args.host}:{args.port}/ (Ctrl-C stops it)")
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

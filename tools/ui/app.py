@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.templating import Jinja2Templates
 
-from gyre_store import ConfigError, EventLog, NoTrajectoryTree, Provenance, RunStarted
+from gyre_store import ConfigError, EventLog, NoTrajectoryTree, ProjectionStore, RunStarted
 from gyre_tools.ui import svg
 from gyre_tools.ui.pages import admitted, node_messages, tokenizer_for
 from gyre_tools.ui.reading import (
@@ -27,20 +27,24 @@ from gyre_tools.ui.reading import (
     UnknownStep,
     at_position,
     execution_page,
+    model_call,
     run_page,
     run_started,
     runs,
     step_page,
-    tree_at,
 )
 
 TEMPLATES = Path(__file__).with_name("templates")
 POLL_S = 3.0  # how often a page at the head asks whether the log moved
 
 
-def create_app(log: EventLog, *, model: str | None = None, poll_s: float = POLL_S) -> FastAPI:
-    """The view of ``log``; ``model``: a checkpoint folder whose tokenizer decodes messages
-    (None: each run's own checkpoint when it has a tokenizer.json, else the bundled vocabulary)."""
+def create_app(
+    log: EventLog, *, store: ProjectionStore | None = None, model: str | None = None, poll_s: float = POLL_S
+) -> FastAPI:
+    """The view of ``log``. ``store``: the tree projection's store, which pages at the head
+    read trees from (caught up first); without it every tree is folded from its records.
+    ``model``: a checkpoint folder whose tokenizer decodes messages (None: each run's own
+    checkpoint when it has a tokenizer.json, else the bundled vocabulary)."""
     app = FastAPI(title="gyre", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(TEMPLATES))
     templates.env.filters["fields"] = lambda event: msgspec.json.encode(event).decode()
@@ -130,11 +134,11 @@ def create_app(log: EventLog, *, model: str | None = None, poll_s: float = POLL_
     @app.get("/executions/{execution_id:path}/nodes/{node_id}", response_class=HTMLResponse)
     def node(request: Request, execution_id: str, node_id: int, at: int | None = None) -> HTMLResponse:
         lv = at_position(log, at)
-        view, calls = tree_at(lv, execution_id)
+        data = execution_page(lv, execution_id, store)
+        view = data.tree
         if view is None or node_id not in view.nodes:
             return missing(request, lv, at, f"no node {node_id} in the tree of {execution_id!r} (as of log "
                            f"position {lv.at})")  # fmt: skip
-        data = execution_page(lv, execution_id)
         started = run_started(lv, data.run_id) if data.run_id else None
         run_model = (
             started.event.model if started is not None and isinstance(started.event, RunStarted) else None
@@ -144,21 +148,20 @@ def create_app(log: EventLog, *, model: str | None = None, poll_s: float = POLL_
         n = view.nodes[node_id]
         kids = sorted(m.node_id for m in view.nodes.values() if m.parent_id == node_id)
         record = view.records.get(n.request_id)
-        call = calls.get(n.request_id)
+        call = model_call(lv, execution_id, n.request_id)
         ending = [r for r in view.records.values() if r.end_node == node_id]
         return page(
             request, "node.html", lv, at, ex=data, view=view, node=n, path=view.path(node_id), children=kids,
             messages=node_messages(view, node_id, tok), tokenizer=tok.name, record=record,
-            call=call.event if call else None, ending=ending,
+            call=call, ending=ending,
             draws=[t for t in (replay.trajectories if replay else []) if node_id in t.target_nodes],
             leaf_draws=[t for t in (replay.trajectories if replay else []) if t.leaf == node_id],
-            provenances=[p.name.lower() for p in Provenance],
         )  # fmt: skip
 
     @app.get("/executions/{execution_id:path}", response_class=HTMLResponse)
     def execution(request: Request, execution_id: str, at: int | None = None) -> HTMLResponse:
         lv = at_position(log, at)
-        data = execution_page(lv, execution_id)
+        data = execution_page(lv, execution_id, store)
         if not data.lifecycle and data.tree is None and not data.evaluation:
             return missing(request, lv, at, f"no execution {execution_id!r} (as of log position {lv.at})")
         replay = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from gyre_store import (
@@ -28,8 +28,11 @@ from gyre_store import (
     GroupConsumed,
     GroupDispatched,
     InMemoryProjectionStore,
+    ModelCallRecorded,
     NewEvent,
+    NoTrajectoryTree,
     PlaceholderInserted,
+    ProjectionStore,
     RecordedEvent,
     RewardAssigned,
     RunReport,
@@ -37,6 +40,7 @@ from gyre_store import (
     StreamId,
     TreeProjection,
     TreeView,
+    catch_up,
     cell_time,
     iterate,
     run_report,
@@ -50,9 +54,10 @@ class ReadOnlyLog(ConfigError):
 class LogAt:
     """``log`` as it stood when its head was ``at``: reads stop there, nothing is appended."""
 
-    def __init__(self, log: EventLog, at: int) -> None:
+    def __init__(self, log: EventLog, at: int, *, live: bool = False) -> None:
         self.log = log
         self.at = at
+        self.live = live  # the head when the page was asked for, not a position asked for
 
     @property
     def registry(self) -> EventRegistry:
@@ -89,7 +94,7 @@ def at_position(log: EventLog, at: int | None) -> LogAt:
     head = log.head()
     if at is not None and at < 0:
         raise ConfigError(f"?at={at}: a log position is 0 or more")
-    return LogAt(log, head if at is None else min(at, head))
+    return LogAt(log, head if at is None else min(at, head), live=at is None)
 
 
 # -- the runs -----------------------------------------------------------------------------------
@@ -261,27 +266,51 @@ class ExecutionPage:
     reward: Reward
     consumed: GroupConsumed | None  # the step that trained on the execution's group
     tree: TreeView | None
-    calls: dict[str, RecordedEvent] = field(default_factory=dict)  # request id -> model_call.recorded
     finished: ExecutionFinished | None = None
 
 
-def tree_at(log: LogAt, execution_id: str) -> tuple[TreeView | None, dict[str, RecordedEvent]]:
-    """The execution's trajectory tree as of the position: its records folded by the tree
-    projection's own ``apply``, in log order, into a store of its own."""
+def tree_at(log: LogAt, execution_id: str, projected: ProjectionStore | None = None) -> TreeView | None:
+    """The execution's trajectory tree as of the position (None: no model call recorded yet).
+
+    At the head (a page asked for without ``?at=``), with ``projected`` (the tree projection's
+    store), the projection caught up and read as ``gyre trees show`` reads it. Otherwise the
+    execution's records up to the position are folded by the tree projection's own ``apply``, in log order, into a
+    store of their own: slower (each record's fold is work the projection did once), but the
+    tree exactly as it stood there, whatever the projection has applied since."""
+    if projected is not None and log.live:
+        catch_up(log, projected, TreeProjection())
+        try:
+            return TreeView.load(projected, execution_id)
+        except NoTrajectoryTree:
+            return None
     events = log.read_stream(StreamId("calls", execution_id))
     if not events:
-        return None, {}
+        return None
     projection = TreeProjection()
     store = InMemoryProjectionStore({t.name: t for t in projection.tables})
     with store.transaction() as rows:
         for recorded in events:
             projection.apply(rows, recorded)
-    return TreeView.load(store, execution_id), {getattr(r.event, "request_id", ""): r for r in events}
+    return TreeView.load(store, execution_id)
 
 
-def execution_page(log: LogAt, execution_id: str) -> ExecutionPage:
+def model_call(log: LogAt, execution_id: str, request_id: str) -> ModelCallRecorded | None:
+    """The ``model_call.recorded`` event of one request, as of the position."""
+    return next(
+        (
+            r.event
+            for r in log.read_stream(StreamId("calls", execution_id))
+            if isinstance(r.event, ModelCallRecorded) and r.event.request_id == request_id
+        ),
+        None,
+    )
+
+
+def execution_page(log: LogAt, execution_id: str, projected: ProjectionStore | None = None) -> ExecutionPage:
+    """Everything the store holds about one execution as of the position (``projected``: see
+    ``tree_at``)."""
     lifecycle = log.read_stream(StreamId("execution", execution_id))
-    tree, calls = tree_at(log, execution_id)
+    tree = tree_at(log, execution_id, projected)
     dispatched = next((r.event for r in lifecycle if isinstance(r.event, ExecutionDispatched)), None)
     run_id = (
         dispatched.run_id if dispatched else next((getattr(r.event, "run_id", None) for r in lifecycle), None)
@@ -308,6 +337,5 @@ def execution_page(log: LogAt, execution_id: str) -> ExecutionPage:
         reward=reward_of(log, execution_id),
         consumed=consumed,
         tree=tree,
-        calls=calls,
         finished=next((r.event for r in lifecycle if isinstance(r.event, ExecutionFinished)), None),
     )
