@@ -27,11 +27,12 @@ from gyre_store import EventLog, EventMetadata, NewEvent, StreamId, TrainerWorld
 from gyre_tools.run_config import CORE_CELL, RunConfig, sglang_serve_command, trainer_cells
 from gyre_tools.serve import group_source, packing
 from gyre_train import InvalidConfigError
-from gyre_train.backends import ModelSpec, OptimizerConfig, TorchTraining
+from gyre_train.backends import ModelSpec, OptimizerConfig, TorchTraining, qwen3_spec
 from gyre_train.cells import (
     CellConfig,
     ElasticConfig,
     LiveTraining,
+    MegatronCells,
     NodePlan,
     QueueConfig,
     Resume,
@@ -118,7 +119,14 @@ def node_plan(
     )
     spec = ModelSpec(config={}, seed=config.seed, model_dir=Path(world.model_dir))
     t = config.train
-    model = TorchCells(spec, TorchTraining(t.shard, t.shard_ranks, t.dtype, t.activation_checkpointing))
+    model: TorchCells | MegatronCells = TorchCells(
+        spec, TorchTraining(t.shard, t.shard_ranks, t.dtype, t.activation_checkpointing)
+    )
+    if t.backend == "megatron":  # Megatron-core's GPTModel of the same Qwen3 folder, TP x PP ranks a cell
+        megatron = qwen3_spec(
+            Path(world.model_dir), seed=config.seed, max_sequence_length=t.micro_step_tokens
+        )
+        model = MegatronCells(megatron, t.tp, t.pp)
     optimizer = OptimizerConfig(
         kind=config.train.optimizer,
         lr=config.train.lr,
@@ -145,7 +153,7 @@ def node_plan(
         )
         for cell in sorted(here)
     )
-    # An FSDP cell's other ranks: the same config at each position (they follow its leader).
+    # An FSDP or Megatron cell's other ranks: the same config at each position (they follow its leader).
     cells += tuple(replace(c, position=p) for p in range(1, model.ranks_per_cell) for c in cells)
     elastic, cell_engines = None, ()
     if config.cells_move:

@@ -45,6 +45,9 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     shard_ranks: Pos = 1  # processes per cell under fsdp (at least 2)
     dtype: str = "float32"  # float32 or bfloat16 compute, float32 master weights (DTYPES)
     activation_checkpointing: bool = False
+    backend: str = "pytorch"  # pytorch or megatron (BACKENDS)
+    tp: Pos = 1  # under megatron: tensor-parallel ranks per cell
+    pp: Pos = 1  # under megatron: pipeline stages per cell
     scale_advantages: bool = True
     skip_zero_advantage: bool = True
     publish: str = "disk"  # disk, tensor or distributed (PUBLISH_METHODS)
@@ -215,6 +218,7 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
     _check_tasks(config, where)
     _check_judge(config, where)
     _check_sharding(config, where)
+    _check_backend(config, where)
     config.sched()  # the policy and the scheduler's shape are valid
     return config
 
@@ -283,6 +287,30 @@ def _check_sharding(config: RunConfig, where: str) -> None:
         raise ConfigFileError(
             f'{where}: train.shard = "fsdp" needs policy "async": cells that move between rollout and '
             "training run one process each"
+        )
+
+
+BACKENDS = ("pytorch", "megatron")
+
+
+def _check_backend(config: RunConfig, where: str) -> None:
+    """``train.backend``, ``train.tp`` and ``train.pp``: one line for each mistake."""
+    t = config.train
+    if t.backend not in BACKENDS:
+        raise ConfigFileError(f"{where}: train.backend must be one of {list(BACKENDS)}, got {t.backend!r}")
+    if t.backend == "pytorch":
+        if t.tp != 1 or t.pp != 1:
+            raise ConfigFileError(f'{where}: train.tp and train.pp apply to train.backend = "megatron" only')
+        return
+    if t.shard != "none" or t.dtype != "float32" or t.activation_checkpointing:
+        raise ConfigFileError(
+            f'{where}: train.backend = "megatron" trains float32, sharded by train.tp and train.pp: '
+            "train.shard, train.dtype and train.activation_checkpointing are the PyTorch backend's"
+        )
+    if config.cells_move:
+        raise ConfigFileError(
+            f'{where}: train.backend = "megatron" needs policy "async": cells that move between rollout '
+            "and training run one process each"
         )
 
 
@@ -447,6 +475,9 @@ shard = "{t.shard}"   # none (each cell process holds the whole model) or fsdp (
 shard_ranks = {t.shard_ranks}   # processes per trainer cell under shard = "fsdp" (at least 2); 1 otherwise
 dtype = "{t.dtype}"   # float32 or bfloat16: the compute dtype of forward and backward; the optimizer always steps float32 weights
 activation_checkpointing = {str(t.activation_checkpointing).lower()}   # recompute each decoder layer's activations in backward (less memory, about one more forward)
+backend = "{t.backend}"   # pytorch (the Hugging Face model) or megatron (Megatron-core's GPTModel of model.init's Qwen3 checkpoint, published back as Qwen3)
+tp = {t.tp}   # under backend = "megatron": tensor-parallel ranks per trainer cell (each cell runs tp * pp processes)
+pp = {t.pp}   # under backend = "megatron": pipeline stages per trainer cell (1 with tied embeddings, as the warm start's)
 scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative advantages by the group's std
 skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
 publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)
