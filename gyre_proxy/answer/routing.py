@@ -13,6 +13,8 @@ pipeline, which cancels the execution's request in flight and retries it on the 
 once the new route is in place, so a cancelled request never comes back to its old engine. An engine that failed a request (its process died, say) is
 passed over for ``FAILED_PAUSE_S`` by every execution while another engine accepts, so the
 retries go elsewhere instead of back to it; registering again (a restarted engine) clears that.
+An execution pinned to one engine (slot ``engine:<name>``: an LLM judge on one of the run's
+engines) goes to that engine and to no other.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Binding:
 
 
 FAILED_PAUSE_S = 10.0  # how long an engine that failed a request is passed over
+PINNED = "engine:"  # a slot naming one engine of the run: ``engine:<its name in the log>``
 
 Lookup = Callable[[str], Binding | None]
 """Finds an execution's binding that the proxy has not seen yet (reads the log)."""
@@ -129,19 +132,28 @@ class Router:
 
     @staticmethod
     def _fits(engine: RoutedEngine, binding: Binding) -> bool:
+        if binding.slot.startswith(PINNED):
+            return engine.run_id == binding.run_id and engine.name == binding.slot.removeprefix(PINNED)
         return engine.run_id == binding.run_id and engine.slot == binding.slot
 
     def _choose(self, binding: Binding | None, exclude: str | None) -> RoutedEngine:
         load = Counter(self._sticky.values())
         accepting = [e for e in self._engines.values() if e.accepting and e.name != exclude]
         tiers = [accepting]
-        if binding is not None:
+        if binding is not None and binding.slot.startswith(PINNED):
+            tiers = [[e for e in accepting if self._fits(e, binding)]]  # that engine or none
+        elif binding is not None:
             # Its slot first, then anywhere in its run, then engines given on the command line;
             # another run's engines never serve it.
             same_run = [e for e in accepting if e.run_id == binding.run_id]
             static = [e for e in accepting if e.run_id is None]
             tiers = [[e for e in same_run if e.slot == binding.slot], same_run, static]
         if not any(tiers):
+            if binding is not None and binding.slot.startswith(PINNED):
+                raise EngineUnavailable(
+                    f"engine {binding.slot.removeprefix(PINNED)!r} of run {binding.run_id!r} is not "
+                    "accepting requests (or has not registered)"
+                )
             where = f" for run {binding.run_id!r}" if binding is not None else ""
             raise EngineUnavailable(f"no engine is accepting requests{where}")
         now = self._clock()

@@ -39,7 +39,10 @@ class JudgeCalled(Event, frozen=True, kw_only=True):
     as sent (their JSON, see ``gyre_train.rewards.judge.messages_digest``); ``rubric_sha256``
     and ``prompt_sha256`` those of the rubric and the task prompt in them. ``answer`` is the
     model's whole text, ``score`` the score read from it (None: the call failed, or its
-    answer held no usable score, and ``error`` says why).
+    answer held no usable score, and ``error`` says why). A judge on the run's own engines
+    (``policy``, ``engine:NAME``) makes each call as an execution of the side run
+    ``<run>~judge``, ``side_execution``, whose model calls the proxy records like any other
+    (never in a rollout group, so never trained on); a URL judge leaves it empty.
     """
 
     call_id: Ident  # unique per call attempt
@@ -63,6 +66,7 @@ class JudgeCalled(Event, frozen=True, kw_only=True):
     prompt_tokens: NonNegative | None = None
     completion_tokens: NonNegative | None = None
     error: str = ""
+    side_execution: str = ""
 
 
 def judge_call_key(call_id: str) -> str:

@@ -36,7 +36,15 @@ from gyre_train.rewards.judge import (
     judge_messages,
     messages_digest,
     parse_score,
+    post_completion,
     read_workspace,
+)
+from gyre_train.rewards.judge_engines import (
+    EngineJudgeClient,
+    context_budget_chars,
+    is_judge_run,
+    judge_run,
+    judge_slot,
 )
 from gyre_train.rewards.worker import EvaluatorWorker, WorkerConfig
 
@@ -50,6 +58,7 @@ __all__ = [
     "ChatMessage",
     "Clock",
     "CommandEvaluator",
+    "EngineJudgeClient",
     "EvaluationClaims",
     "EvaluationConfig",
     "EvaluationOutcome",
@@ -69,10 +78,15 @@ __all__ = [
     "WorkerConfig",
     "WorkspaceText",
     "check_result",
+    "context_budget_chars",
     "group_advantages",
+    "is_judge_run",
     "judge_messages",
+    "judge_run",
+    "judge_slot",
     "messages_digest",
     "parse_score",
+    "post_completion",
     "read_junit",
     "read_workspace",
 ]

@@ -7,8 +7,9 @@ Every call, answered or not, is appended as ``judge.called`` before the evaluato
 raises, so the log holds what each judge saw (a digest of the messages, the files shown) and
 said. The answer without its score line is the evaluation's critique. A call that fails, or
 an answer without a usable score, is an evaluator failure: the runner retries it.
-``OpenAIChatClient`` speaks OpenAI's chat completions to any compatible server (gyre's own
-proxy included); it is the only place here that knows HTTP.
+``OpenAIChatClient`` speaks OpenAI's chat completions to any compatible server;
+``post_completion`` is that exchange, shared with the judge on the run's own engines
+(``judge_engines.EngineJudgeClient``, which makes each call an execution of a side run).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from gyre_train.exceptions import EvaluatorFailure, InvalidConfigError
 from gyre_train.rewards.evaluation import EvaluationResult, PreservedState
 
 DEFAULT_BUDGET_CHARS = 60_000  # workspace text in the message: file headers and contents
+MIN_BUDGET_CHARS = 1_000  # a judge shown less than this could not judge anything
 SKIPPED_DIRS = frozenset({".git", ".gyre"})  # version control, and gyre's own files in a workspace
 SNIFF_BYTES = 8192  # a NUL byte in a file's first bytes marks it binary
 NAMED_NOT_SHOWN = 200  # files past the budget named in the message, at most
@@ -87,7 +89,10 @@ class ChatAnswer:
 
 
 class ChatClient(Protocol):
-    """Asks one model for a chat completion; raises EvaluatorFailure when it gets no answer."""
+    """Asks one model for a chat completion; raises EvaluatorFailure when it gets no answer.
+
+    ``call_id`` names the judge's call; ``side_execution(call_id)`` is the execution whose
+    model calls record it, where the client makes one ("" for a plain server)."""
 
     @property
     def model(self) -> str: ...
@@ -95,7 +100,9 @@ class ChatClient(Protocol):
     @property
     def endpoint(self) -> str: ...
 
-    def complete(self, messages: Sequence[ChatMessage]) -> ChatAnswer: ...
+    def complete(self, messages: Sequence[ChatMessage], *, call_id: str = "") -> ChatAnswer: ...
+
+    def side_execution(self, call_id: str) -> str: ...
 
 
 class _Message(msgspec.Struct):
@@ -154,37 +161,11 @@ class OpenAIChatClient:
     def endpoint(self) -> str:
         return _public_url(self._url)
 
-    def complete(self, messages: Sequence[ChatMessage]) -> ChatAnswer:
-        body = {
-            "model": self._model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
-            "temperature": 0,
-            "max_tokens": self._max_tokens,
-            "stream": False,
-        }
-        try:
-            response = self._http.post(self._url, json=body)
-        except httpx.HTTPError as exc:
-            raise EvaluatorFailure(
-                f"cannot reach {self.endpoint}: {_one_line(str(exc) or type(exc).__name__)}"
-            ) from exc
-        if not response.is_success:
-            raise EvaluatorFailure(
-                f"{self.endpoint} answered HTTP {response.status_code}: {_one_line(response.text)[:300]}"
-            )
-        try:
-            completion = msgspec.json.decode(response.content, type=_Completion)
-        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-            raise EvaluatorFailure(
-                f"{self.endpoint} answered a malformed completion: {_one_line(str(exc))}"
-            ) from exc
-        if not completion.choices:
-            raise EvaluatorFailure(f"{self.endpoint} answered no choices")
-        text = completion.choices[0].message.content
-        if not text:
-            raise EvaluatorFailure(f"{self.endpoint} answered a choice without text")
-        usage = completion.usage or _Usage()
-        return ChatAnswer(text, completion.model, usage.prompt_tokens, usage.completion_tokens)
+    def complete(self, messages: Sequence[ChatMessage], *, call_id: str = "") -> ChatAnswer:
+        return post_completion(self._http, self._url, self._model, messages, max_tokens=self._max_tokens)
+
+    def side_execution(self, call_id: str) -> str:
+        return ""  # a server of its own: its calls are not gyre's model calls
 
     def close(self) -> None:
         self._http.close()
@@ -196,6 +177,51 @@ class OpenAIChatClient:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def post_completion(
+    http: httpx.Client,
+    url: str,
+    model: str,
+    messages: Sequence[ChatMessage],
+    *,
+    max_tokens: int,
+    api_key: str = "",
+) -> ChatAnswer:
+    """POST one non-streaming chat completion (temperature 0) to ``url`` and read its answer;
+    ``api_key``, when given, is sent as a bearer token for this request. Every failure
+    (connection, non-2xx status, malformed JSON, no choice, no text) raises EvaluatorFailure
+    with one line naming ``url`` without its credentials."""
+    endpoint = _public_url(url)
+    body = {
+        "model": model,
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": False,
+    }
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        response = http.post(url, json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise EvaluatorFailure(
+            f"cannot reach {endpoint}: {_one_line(str(exc) or type(exc).__name__)}"
+        ) from exc
+    if not response.is_success:
+        raise EvaluatorFailure(
+            f"{endpoint} answered HTTP {response.status_code}: {_one_line(response.text)[:300]}"
+        )
+    try:
+        completion = msgspec.json.decode(response.content, type=_Completion)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise EvaluatorFailure(f"{endpoint} answered a malformed completion: {_one_line(str(exc))}") from exc
+    if not completion.choices:
+        raise EvaluatorFailure(f"{endpoint} answered no choices")
+    text = completion.choices[0].message.content
+    if not text:
+        raise EvaluatorFailure(f"{endpoint} answered a choice without text")
+    usage = completion.usage or _Usage()
+    return ChatAnswer(text, completion.model, usage.prompt_tokens, usage.completion_tokens)
 
 
 # -- what the judge is shown ----------------------------------------------------------------------
@@ -405,8 +431,8 @@ class JudgeEvaluator:
     ) -> None:
         if not rubric.strip():
             raise InvalidConfigError(f"task {task_id or '?'} has no rubric for the judge to score against")
-        if budget_chars < 1_000:
-            raise InvalidConfigError(f"budget_chars must be at least 1000, got {budget_chars}")
+        if budget_chars < MIN_BUDGET_CHARS:
+            raise InvalidConfigError(f"budget_chars must be at least {MIN_BUDGET_CHARS}, got {budget_chars}")
         if not judge:
             raise InvalidConfigError("a judge needs its setting (policy, engine:NAME or a URL)")
         self._client = client
@@ -438,7 +464,7 @@ class JudgeEvaluator:
         started = time.monotonic()
         answer = ChatAnswer("")
         try:
-            answer = self._client.complete(messages)
+            answer = self._client.complete(messages, call_id=call_id)
             score, critique = parse_score(answer.text)
         except Exception as exc:  # a client is plug-in code: any failure is recorded, then retried
             error = _reason(exc)
@@ -491,6 +517,7 @@ class JudgeEvaluator:
             prompt_tokens=_count(answer.prompt_tokens),
             completion_tokens=_count(answer.completion_tokens),
             error=error[:2000],
+            side_execution=self._client.side_execution(call_id),
         )
         metadata = EventMetadata(run_id=state.run_id)
         self._log.append([NewEvent(event, judge_call_key(call_id), metadata=metadata)])

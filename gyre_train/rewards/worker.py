@@ -52,6 +52,7 @@ from gyre_train.rewards.evaluation import (
     PreservedState,
 )
 from gyre_train.rewards.evaluators import CommandEvaluator
+from gyre_train.rewards.judge_engines import is_judge_run
 
 FOLLOWED = (
     "task.defined",
@@ -154,6 +155,8 @@ class EvaluatorWorker:
                 if run_id == self.config.run_id:
                     self._grouped.add(execution_id)
             case ExecutionFinished(execution_id=execution_id):
+                if is_judge_run(run_id):
+                    return  # a judge's call on the run's engines (judge_engines): nothing to evaluate
                 if execution_id not in self._inflight and execution_id not in self._waiting:
                     self._start(execution_id)
             case EvaluationRequested(execution_id=execution_id, artifact_version=version):

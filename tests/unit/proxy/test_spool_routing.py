@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from gyre_proxy.answer import Router
 from gyre_proxy.engines.testing import FakeEngine
 from gyre_proxy.ingest import RecordSpool
@@ -122,3 +124,24 @@ def test_a_failed_engine_of_its_slot_does_not_keep_an_execution_from_a_healthy_o
     # Its retry goes to the run's healthy engine, not back to the dead one of its slot.
     assert router.engine_for("x").name == "run:pool-0"
     assert router.engine_for("y").name == "run:pool-0"  # a newcomer too
+
+
+def test_an_execution_pinned_to_one_engine_goes_there_and_nowhere_else() -> None:
+    from gyre_proxy.answer import Binding
+    from gyre_proxy.exceptions import EngineUnavailable
+
+    router = Router()
+    router.add("run:pool-0", FakeEngine(), run_id="run", slot="pool")  # type: ignore[arg-type]
+    router.add("run:ext-big", FakeEngine(), run_id="run", slot="pool")  # type: ignore[arg-type]
+    router.add("other:ext-big", FakeEngine(), run_id="other", slot="pool")  # type: ignore[arg-type]
+    for i in range(3):  # the least loaded engine would be the other one of the pool
+        router.engine_for(f"busy-{i}")
+    router.bind("judge", Binding.of("run~judge", "engine:run:ext-big"))
+    assert router.engine_for("judge").name == "run:ext-big"
+    router.set_accepting("run:ext-big", False)
+    # Not moved to another engine of the run (a pinned call is that engine's or fails).
+    with pytest.raises(EngineUnavailable, match="engine 'run:ext-big' of run 'run' is not accepting"):
+        router.engine_for("judge")
+    router.bind("late", Binding.of("run~judge", "engine:run:ext-none"))
+    with pytest.raises(EngineUnavailable, match="'run:ext-none'"):
+        router.engine_for("late")

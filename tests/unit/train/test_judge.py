@@ -46,12 +46,15 @@ class FakeChat:
         self.answers = list(answers)
         self.sent: list[tuple[ChatMessage, ...]] = []
 
-    def complete(self, messages: Sequence[ChatMessage]) -> ChatAnswer:
+    def complete(self, messages: Sequence[ChatMessage], *, call_id: str = "") -> ChatAnswer:
         self.sent.append(tuple(messages))
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return ChatAnswer(answer, "served-model", prompt_tokens=120, completion_tokens=30)
+
+    def side_execution(self, call_id: str) -> str:
+        return ""
 
 
 def _workspace(root: Path) -> Path:
