@@ -6,7 +6,11 @@
    size by prefix hashing, computed apart from the tree). Bytes: every copy PostgreSQL holds of
    the execution (the log table with its payloads, JSON bodies and indexes, and the three tree
    projection tables), from pg_total_relation_size, against a table holding every record's full
-   input tokens (one bytea row per record) in the same database.
+   input tokens (one bytea row per record) in the same database. Three layouts, same run: the
+   migrated one (payloads compressed, migration 0007), the old one (0007's downgrade applied
+   before the records are stored again in a second scratch database), and the tree referring
+   to the log's payload instead of copying it (a copy of the node table with its four arrays
+   replaced by an event position and an offset, measured beside the migrated tables).
 2. Re-tokenization. A counting wrapper around the tokenizer counts the calls made inside
    ``Ingestor.prepare``/``record`` and the tokens they return; the baseline is the input tokens
    new to the tree, found by a separate walk over the recorded inputs in log order (prefix
@@ -23,6 +27,7 @@ Each target row ends with MET or MISSED; the targets are the README's.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -70,6 +75,7 @@ TARGET_FEWER = 20.0  # bytes of every full input / bytes PostgreSQL holds >=
 TARGET_TOKENIZED = 1.10  # tokens the tokenizer returned at ingest / new tokens <=
 TARGET_INGEST = 10.0  # naive ingest time / ours >=
 TARGET_REBUILD = 1.0  # naive read-back time / tree rebuild >
+SQL_SAMPLE = 20  # records whose input is also rebuilt by gyre_record_input_v1 and compared
 
 
 class CountingTokenizer:
@@ -260,6 +266,35 @@ def sizes(conn: psycopg.Connection[Any], tables: Sequence[str]) -> dict[str, int
     return out
 
 
+def referring_tree_bytes(conn: psycopg.Connection[Any]) -> int:
+    """Bytes of gyre_tree_nodes if each node referred to its record's payload (the event's
+    position and an offset into its arrays) instead of copying tokens, provenance, logprobs
+    and the trainable mask: the same rows with those columns swapped for two integers."""
+    conn.execute(
+        "CREATE TABLE ref_tree_nodes AS SELECT execution_id, node_id, parent_id, root_id, kind, start, "
+        "n_tokens, 0::bigint AS position, 0::integer AS payload_offset, msg_ends, path_trainable, "
+        "path_messages, children, request_id FROM gyre_tree_nodes"
+    )
+    conn.execute("ALTER TABLE ref_tree_nodes ADD PRIMARY KEY (execution_id, node_id)")
+    conn.execute("CREATE INDEX ON ref_tree_nodes (execution_id, parent_id)")
+    conn.execute("VACUUM ANALYZE ref_tree_nodes")
+    return sizes(conn, ("ref_tree_nodes",))["ref_tree_nodes"]
+
+
+def old_layout_bytes(admin_url: str, events: Sequence[Any]) -> int:
+    """Log + tree bytes with payloads stored uncompressed, as before migration 0007: its own
+    downgrade applied to a fresh scratch database before the same records are stored."""
+    compressed = importlib.import_module("migrations.versions.0007_compressed_payloads")
+    with scratch_database(admin_url, "gyre_bench_trees_old") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(compressed.DOWNGRADE)
+        with PostgresEventLog(StoreConfig(url)) as pg_log:
+            store_and_project(pg_log, events)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            return sum(sizes(conn, ("gyre_events", *TREE_TABLES)).values())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -320,6 +355,7 @@ def main() -> int:
                 conn.execute("VACUUM ANALYZE")
                 ours_bytes = sizes(conn, ("gyre_events", *TREE_TABLES))
                 naive_bytes = sizes(conn, ("naive_inputs",))["naive_inputs"]
+                ref_nodes = referring_tree_bytes(conn)
                 row = conn.execute(
                     "SELECT count(*), coalesce(sum(pg_column_size(payload)), 0), "
                     "coalesce(sum(octet_length(payload)), 0), coalesce(sum(pg_column_size(body)), 0) "
@@ -338,15 +374,26 @@ def main() -> int:
                     view = TreeView.load(store, "bench")
                     rebuilt = {rid: view.input_of(rid)[0] for rid in view.records}
                     tree_reads.append(time.perf_counter() - began)
+                sample = sorted(view.records)[:: max(1, len(view.records) // SQL_SAMPLE)]
+                sql_rebuilt = {
+                    rid: np.asarray(
+                        conn.execute("SELECT gyre_record_input_v1('bench', %s)", (rid,)).fetchone()[0]
+                    )  # type: ignore[index]
+                    for rid in sample
+                }
             if rebuilt.keys() != naive_back.keys() or not all(
                 np.array_equal(rebuilt[r], naive_back[r]) for r in rebuilt
             ):
                 raise SystemExit("the tree does not rebuild every record's input exactly")
+            if not all(np.array_equal(sql_rebuilt[r], naive_back[r]) for r in sql_rebuilt):
+                raise SystemExit("gyre_record_input_v1 does not rebuild a record's input exactly")
             per_record = []
             for rid, rec in view.records.items():
                 t = time.perf_counter()
                 view.input_of(rid)
                 per_record.append((len(view.path(rec.end_node)), time.perf_counter() - t))
+    console.print("storing the same records again with payloads uncompressed (the old layout) ...")
+    old_total = old_layout_bytes(args.pg, events)
 
     stats = view.stats()
     stored = stats.unique_tokens
@@ -373,6 +420,24 @@ def main() -> int:
         f"{naive_bytes / ours_total:.1f}x fewer",
         f">= {TARGET_FEWER:.0f}x",
         verdict(naive_bytes / ours_total >= TARGET_FEWER),
+    )
+    table.add_row(
+        "  old layout: payloads uncompressed (before 0007)",
+        f"{old_total / 1e6:.2f} MB",
+        f"{naive_bytes / 1e6:.2f} MB (the same table)",
+        f"{naive_bytes / old_total:.1f}x fewer",
+        f">= {TARGET_FEWER:.0f}x",
+        verdict(naive_bytes / old_total >= TARGET_FEWER),
+    )
+    ref_total = ours_total - ours_bytes["gyre_tree_nodes"] + ref_nodes
+    table.add_row(
+        "  layout measured: the tree refers to the log's payload",
+        f"{ref_total / 1e6:.2f} MB",
+        f"{naive_bytes / 1e6:.2f} MB (the same table); nodes {ref_nodes / 1e6:.2f} MB "
+        f"instead of {ours_bytes['gyre_tree_nodes'] / 1e6:.2f}",
+        f"{naive_bytes / ref_total:.1f}x fewer",
+        f">= {TARGET_FEWER:.0f}x",
+        verdict(naive_bytes / ref_total >= TARGET_FEWER),
     )
     table.add_row(
         "  of which the log (payloads, bodies, indexes)",

@@ -160,12 +160,7 @@ class PostgresProjectionStore:
             sql.Identifier(column),
             sql.SQL(", ").join(map(sql.Identifier, order)),
         )
-        try:
-            with self._pool.connection() as conn:
-                cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-                return [dict(r) for r in cur.execute(query, (value,)).fetchall()]
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
+        return self._fetch(query, (value,))
 
     def select_in(self, table: str, column: str, value: Any, among: str, keys: Sequence[Any]) -> list[Row]:
         t = self.tables[table]
@@ -179,10 +174,13 @@ class PostgresProjectionStore:
             sql.Identifier(among),
             sql.SQL(", ").join(map(sql.Identifier, order)),
         )
+        return self._fetch(query, (value, list(keys)))
+
+    def _fetch(self, query: sql.Composed, params: tuple[Any, ...]) -> list[Row]:
         try:
             with self._pool.connection() as conn:
                 cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-                return [dict(r) for r in cur.execute(query, (value, list(keys))).fetchall()]
+                return [dict(r) for r in cur.execute(query, params).fetchall()]
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
