@@ -13,6 +13,7 @@ from gyre_proxy.api import ApiSettings, build_app, proxy_server
 from gyre_proxy.chat import Answerer, ChatRequest, ChatResponse, ExecutionAuth, KeyResolver, StreamEvent
 from gyre_proxy.exceptions import (
     ApiError,
+    AtCapacity,
     ChatFormatError,
     CheckpointLoadError,
     ContextTooLong,
@@ -46,6 +47,7 @@ __all__ = [
     "Answerer",
     "ApiError",
     "ApiSettings",
+    "AtCapacity",
     "ChatFormatError",
     "ChatRequest",
     "ChatResponse",

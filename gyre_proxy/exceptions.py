@@ -51,6 +51,7 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
           ├── RequestTooLarge     413 request_too_large
           ├── RateLimited         429 rate_limit_error      / rate_limit_exceeded
           └── Overloaded          529 overloaded_error      / 503 server_error
+               └── AtCapacity     529 overloaded_error      / 429 rate_limit_exceeded
 """
 
 from __future__ import annotations
@@ -351,3 +352,13 @@ class Overloaded(ApiError):
     openai_status = 503
     openai_type = "server_error"
     openai_code = "overloaded"
+
+
+class AtCapacity(Overloaded):
+    """This proxy worker has as many model calls in flight as it takes; retry shortly."""
+
+    # OpenAI's own shape for "come back later": a 429, which its SDK and Codex retry after
+    # the retry-after header.
+    openai_status = 429
+    openai_type = "requests"
+    openai_code = "rate_limit_exceeded"

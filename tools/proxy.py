@@ -144,6 +144,23 @@ def register(subparsers: Any) -> None:
         help="append a JSON line per model-call record staged (execution and request id) to "
         "this file, to hold the store's records against (default: none)",
     )
+    add_env_argument(
+        serve,
+        "--max-in-flight",
+        "GYRE_PROXY_MAX_IN_FLIGHT",
+        default="0",
+        type=int,
+        help="the most model calls each worker takes at once; past it a call is refused (Anthropic "
+        "529 overloaded_error, OpenAI 429) with a retry-after (0: no bound)",
+    )
+    add_env_argument(
+        serve,
+        "--retry-after",
+        "GYRE_PROXY_RETRY_AFTER",
+        default="1",
+        type=float,
+        help="seconds a refused call is told to wait (its retry-after header)",
+    )
     # Set by `--workers N` on the processes it starts.
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-table", help=argparse.SUPPRESS)
@@ -199,6 +216,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return supervise(args)
     if args.workers < 1:
         raise SystemExit("gyre proxy serve: --workers must be at least 1")
+    if args.max_in_flight < 0 or args.retry_after < 0:
+        raise SystemExit("gyre proxy serve: --max-in-flight and --retry-after must not be negative")
     if args.run and args.host in WILDCARD_HOSTS and not args.advertise_host:
         raise SystemExit(
             f"gyre proxy serve: --host {args.host!r} listens on every address; --advertise-host "
@@ -221,6 +240,8 @@ def run_serve(args: argparse.Namespace) -> int:
         run_id=args.run,
         spool_dir=spool,
         answers_log=Path(args.answers_log) if args.answers_log else None,
+        max_in_flight=args.max_in_flight,
+        retry_after_s=args.retry_after,
         # Set by `--workers N` for its workers: /metrics then sums every worker's values.
         metrics_dir=Path(os.environ[METRICS_DIR_ENV])
         if args.worker_index is not None and os.environ.get(METRICS_DIR_ENV)

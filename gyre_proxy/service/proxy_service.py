@@ -26,6 +26,7 @@ from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.harness import plugin_for
 from gyre_proxy.ingest import ChatFormat, CritiqueBook, Ingestor, Qwen3Template, RecordSpool, load_chat_format
+from gyre_proxy.service.capacity import InFlightLimit
 from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
 from gyre_proxy.service.metrics import ProxyMetrics, metered
@@ -68,6 +69,10 @@ class ProxyConfig:
     # The folder the workers of `--workers N` write their metrics to (prometheus_client's
     # multiprocess mode, switched on by PROMETHEUS_MULTIPROC_DIR); None: this process's only.
     metrics_dir: Path | None = None
+    # The most model calls this process takes at once; past it a call is refused in its API's
+    # overload shape with ``retry-after: retry_after_s`` (``service/capacity.py``). 0: no bound.
+    max_in_flight: int = 0
+    retry_after_s: float = 1.0
 
 
 def chat_format(model_dir: Path | None) -> ChatFormat:
@@ -135,14 +140,22 @@ class ProxyService:
             evaluations=self.evaluations,
             counters=self._counters,
         )
-        served: Any = metered(self.app, self.metrics)  # and /metrics
+        self.limit = (
+            InFlightLimit(self.app, config.max_in_flight, retry_after_s=config.retry_after_s)
+            if config.max_in_flight
+            else None
+        )
+        served: Any = metered(self.limit or self.app, self.metrics)  # and /metrics
         if worker is not None:
             served = with_header(served, WORKER_HEADER, f"{worker} {os.getpid()}")
         self.server = proxy_server(served, host=config.host, port=config.port, sock=sock)
 
     def _counters(self) -> dict[str, int]:
         """What /health reports beside its status: the record spool's counters."""
-        return {f"spool_{name}": value for name, value in self.spool.stats().items()}
+        counters = {f"spool_{name}": value for name, value in self.spool.stats().items()}
+        if self.limit is not None:
+            counters |= {"calls_in_flight": self.limit.in_flight, "calls_refused": self.limit.refused}
+        return counters
 
     async def _close_clients(self) -> None:
         for _, client in list(self.clients):
