@@ -20,10 +20,10 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable
 
 import httpx
 import uvicorn
+from bench_stored_admission import times_of
 from scratch import scratch_database
 from stored_trees import store_and_project
 
@@ -35,15 +35,6 @@ from gyre_store.trees import TrajectoryRecorder, TreeView
 from gyre_tools.ui.app import create_app
 
 TARGET_S = 1.0  # the execution view of a 1,300-node tree, served in under 1 s
-
-
-def times_of(fn: Callable[[], object], repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def main() -> None:
