@@ -18,6 +18,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve = commands.add_parser("serve", help="serve a small causal LM with SGLang's native HTTP API")
     add_env_argument(serve, "--host", "GYRE_ENGINE_HOST", default="127.0.0.1", help="address to bind")
     add_env_argument(serve, "--port", "GYRE_ENGINE_PORT", default="30000", type=int, help="port to bind")
+    add_env_argument(
+        serve,
+        "--advertise-host",
+        "GYRE_ENGINE_ADVERTISE_HOST",
+        help="the address other machines reach this one at: where its Mooncake Transfer Engine says "
+        "its exposed KV caches are (default: --host, or 127.0.0.1 when --host is a wildcard)",
+    )
     source = serve.add_mutually_exclusive_group()
     add_env_argument(
         source,  # type: ignore[arg-type]
@@ -86,8 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from gyre_proxy.engines import ReferenceEngineError
-    from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, serve
+    from gyre_proxy.engines import WILDCARD_HOSTS, ReferenceEngineError
+    from gyre_proxy.engines.refengine import ModelSource, MooncakeConfig, ReferenceEngineConfig, serve
 
     try:
         config_json = json.loads(args.model_config) if args.model_config else None
@@ -115,6 +122,9 @@ def run_serve(args: argparse.Namespace) -> int:
         script=Path(args.script) if args.script else None,
         return_original_logprob=bool(args.return_original_logprob),
         incremental_streaming_output=bool(args.incremental_streaming_output),
+        mooncake=MooncakeConfig(
+            host=args.advertise_host or (args.host if args.host not in WILDCARD_HOSTS else "127.0.0.1")
+        ),
     )
     try:
         serve(config, host=args.host, port=args.port)

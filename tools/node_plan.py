@@ -56,6 +56,7 @@ def node_plan(
     dist_port: int,
     host: str = "127.0.0.1",
     advertise_host: str | None = None,
+    cell_metrics_port: int | None = None,
 ) -> NodePlan:
     run_dir = Path(config.run_dir)
     publish_dir = run_dir / "policies"
@@ -150,6 +151,10 @@ def node_plan(
             database_url=database_url,
             wait_timeout_s=600.0,
             dist_interface=interface,
+            transport=world.transport,
+            transport_host=address,
+            metrics_port=_cell_metrics_port(cell_metrics_port, cell),
+            metrics_host=host,
         )
         for cell in sorted(here)
     )
@@ -173,6 +178,11 @@ def node_plan(
         world=world.world,
     )
     return NodePlan(engines=engine_configs, trainers=trainer_plan)
+
+
+def _cell_metrics_port(base: int | None, cell: int) -> int | None:
+    """Cell ``cell``'s metrics port: ``base`` plus its number; 0 (a free one) or None (none) as is."""
+    return base if not base else base + cell
 
 
 def newest_world(log: EventLog, run_id: str) -> TrainerWorldStarted | None:
@@ -203,6 +213,7 @@ def _new_world(
         version=resume.version,
         model_dir=str(resume.model_dir or Path(config.model.init)),
         node=socket.gethostname(),
+        transport=config.train.weight_transport,
     )
     log.append([NewEvent(world, f"trainer-world:{run_id}:{world_id}", metadata=EventMetadata(run_id=run_id))])
     return world

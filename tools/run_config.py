@@ -51,6 +51,7 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     scale_advantages: bool = True
     skip_zero_advantage: bool = True
     publish: str = "disk"  # disk, tensor or distributed (PUBLISH_METHODS)
+    weight_transport: str = "torch"  # how joining satellites pull the core's weights (WEIGHT_TRANSPORTS)
 
 
 class TaskConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -150,6 +151,9 @@ class ConfigFileError(ValueError):
 
 ENGINE_KINDS = ("reference", "sglang")
 PUBLISH_METHODS = ("disk", "tensor", "distributed")
+# gyre_train.cells.WEIGHT_TRANSPORTS, spelled here so that reading a config imports no torch
+# (tests/unit/test_run_config.py checks that the two agree).
+WEIGHT_TRANSPORTS = ("torch", "mooncake")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -376,6 +380,11 @@ def _check_engines(config: RunConfig, where: str) -> None:
         raise ConfigFileError(
             f"{where}: train.publish must be one of {list(PUBLISH_METHODS)}, got {config.train.publish!r}"
         )
+    if config.train.weight_transport not in WEIGHT_TRANSPORTS:
+        raise ConfigFileError(
+            f"{where}: train.weight_transport must be one of {list(WEIGHT_TRANSPORTS)}, "
+            f"got {config.train.weight_transport!r}"
+        )
     externals = config.externals  # each entry checked
     names = [e.name for e in externals]
     if len(set(names)) != len(names):
@@ -481,6 +490,7 @@ pp = {t.pp}   # under backend = "megatron": pipeline stages per trainer cell (1 
 scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative advantages by the group's std
 skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
 publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)
+weight_transport = "{t.weight_transport}"   # how a satellite joining a batch pulls the core's weights: torch (the core sends them between micro-steps) or mooncake (read from the core's memory by Mooncake Transfer Engine, at the machine's advertised address)
 
 [tasks]
 source = "{k.source}"    # empty: the built-in family below; or a folder of Harbor task directories, or a .jsonl file (`gyre tasks list SOURCE`)

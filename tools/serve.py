@@ -138,6 +138,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             )
             add_env_argument(
                 serve,
+                "--cell-metrics-port",
+                "GYRE_NODE_CELL_METRICS_PORT",
+                type=int,
+                help="serve each trainer cell's Prometheus metrics at /metrics on this port plus the "
+                "cell's number (0: free ports, printed by each cell); default: not served",
+            )
+            add_env_argument(
+                serve,
                 "--engines",
                 "GYRE_NODE_ENGINES",
                 default="all",
@@ -375,6 +383,7 @@ def run_node(args: argparse.Namespace) -> int:
                 dist_port=args.dist_port,
                 host=args.host,
                 advertise_host=args.advertise_host,
+                cell_metrics_port=args.cell_metrics_port,
             )
 
         stop = until_signal()

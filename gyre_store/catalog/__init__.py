@@ -37,6 +37,7 @@ from gyre_store.catalog.live import (
     RunConfigured,
     TaskDefined,
     TaskSplit,
+    TrainerTransportStarted,
     TrainerWorldStarted,
 )
 from gyre_store.catalog.registry import REGISTRY, Ident, NonNegative, Positive
@@ -162,6 +163,7 @@ __all__ = [
     "TaskDefined",
     "TaskSplit",
     "TitoArrays",
+    "TrainerTransportStarted",
     "TrainerWorldStarted",
     "TrainingUpdate",
     "WeightsPublished",

@@ -65,6 +65,9 @@ class EngineRegistered(Event, frozen=True, kw_only=True):
     url: str
     cell_index: int = -1  # -1 for an engine of the separate rollout pool
     capacity: NonNegative = 0  # concurrent executions it was sized for (C_e or its pool share)
+    # Where its Mooncake Transfer Engine (KV-cache migration) is reached: the host other
+    # machines read its exposed caches at; "" when it runs none of gyre's (an SGLang server).
+    kv_transfer_host: str = ""
 
 
 @REGISTRY.register("proxy.registered", stream="proxy", key="run_id")
@@ -93,6 +96,22 @@ class TrainerWorldStarted(Event, frozen=True, kw_only=True):
     version: NonNegative
     model_dir: str
     node: str = ""  # the host name of the core's node
+    transport: str = "torch"  # how joining satellites pull the core's weights: torch or mooncake
+
+
+@REGISTRY.register("trainer.transport_started", stream="trainer", key="run_id")
+class TrainerTransportStarted(Event, frozen=True, kw_only=True):
+    """Trainer cell ``cell`` of the world whose claims are under ``queue_prefix`` started its
+    weight transport: Mooncake's Transfer Engine at ``segment`` (``host:port``, the address
+    other machines read its exposed memory at). Each snapshot the core exposes names the same
+    segment on the world's board, which is where a joining satellite takes it from."""
+
+    run_id: Ident
+    queue_prefix: str
+    cell: NonNegative
+    transport: str
+    segment: str
+    node: str = ""  # the host name of the cell's machine
 
 
 @REGISTRY.register("execution.start_requested", stream="execution", key="execution_id")

@@ -37,6 +37,7 @@ from gyre_train.cells.local import (
     train_batch_locally,
 )
 from gyre_train.cells.membership import ReducePlan, TakeOver, Wait, plan_reduction
+from gyre_train.cells.metrics import CellMetrics
 from gyre_train.cells.node import NodeAgent, NodePlan, TrainerPlan, stop_processes
 from gyre_train.cells.processes import CellCluster, run_cell, run_elastic_cell, run_live_cell
 from gyre_train.cells.producer import ProducerConfig, stream_batch
@@ -73,6 +74,7 @@ from gyre_train.cells.testing import (
     InMemoryWeightSink,
 )
 from gyre_train.cells.transport import (
+    WEIGHT_TRANSPORTS,
     MooncakeTransport,
     TorchDistributedTransport,
     WeightTransport,
@@ -88,6 +90,7 @@ from gyre_train.cells.wire import (
 
 __all__ = [
     "TINY_QWEN3",
+    "WEIGHT_TRANSPORTS",
     "BatchBoard",
     "BatchManifest",
     "BatchResult",
@@ -96,6 +99,7 @@ __all__ = [
     "CellCluster",
     "CellConfig",
     "CellEngine",
+    "CellMetrics",
     "CellModel",
     "CellReplica",
     "DemoSummary",

@@ -23,6 +23,7 @@ from gyre_train.backends import OptimizerConfig
 from gyre_train.cells.board import BatchBoard
 from gyre_train.cells.claims import MicroStepQueue, Phase, QueueConfig, Task
 from gyre_train.cells.membership import ReducePlan
+from gyre_train.cells.metrics import CellMetrics
 from gyre_train.cells.publish import EnginePublisherConfig, WeightPublisher
 from gyre_train.cells.replica import CellModel, RankLayout, layout_of
 from gyre_train.cells.wire import RatioShare
@@ -71,6 +72,12 @@ class CellConfig:
     # The network interface gloo talks to the other cells on (GLOO_SOCKET_IFNAME): the one that
     # holds this machine's advertised address when the cells span machines; None: gloo's choice.
     dist_interface: str | None = None
+    # The address other machines reach this process at: where its Mooncake Transfer Engine
+    # says its exposed snapshot is (transport "mooncake"); the cell's own machine by default.
+    transport_host: str = "127.0.0.1"
+    # Where the leader serves the cell's Prometheus metrics (CellMetrics); None: not served.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         layout_of(self.model, self.cells, self.cell, self.position)  # raises on a bad place
@@ -136,13 +143,17 @@ class CellReplica(Protocol):
 
 
 class _Recorder:
-    """Appends this cell's events when a database is configured; a no-op otherwise."""
+    """Appends this cell's events when a database is configured (a no-op otherwise), after
+    counting each in the cell's metrics."""
 
-    def __init__(self, log: EventLog | None, run_id: str) -> None:
+    def __init__(self, log: EventLog | None, run_id: str, metrics: CellMetrics) -> None:
         self._log = log
         self._meta = EventMetadata(run_id=run_id)
+        self._metrics = metrics
 
     def __call__(self, *events: Event, keys: tuple[str | None, ...] = ()) -> None:
+        for event in events:
+            self._metrics.observe(event)
         if self._log is None or not events:
             return
         keyed = keys or (None,) * len(events)
@@ -167,7 +178,8 @@ class Cell:
         replica: CellReplica,
     ) -> None:
         self.config = config
-        self.record = _Recorder(log, config.run_id)
+        self.metrics = CellMetrics(config.cell)  # served by the process when a port is configured
+        self.record = _Recorder(log, config.run_id, self.metrics)
         self.board = board
         self.replica = replica
         self.version = 0

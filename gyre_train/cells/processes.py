@@ -19,6 +19,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -35,11 +36,14 @@ import torch.distributed as dist
 
 from gyre_store import (
     EventLog,
+    EventMetadata,
     FaultPoint,
+    NewEvent,
     PostgresEventLog,
     PostgresProjectionStore,
     ProjectionSet,
     StoreConfig,
+    TrainerTransportStarted,
     evaluation_projections,
 )
 from gyre_store.trees import TreeProjection
@@ -125,13 +129,18 @@ def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) 
             else None
         )
         board = RedisBatchBoard(client, config.queue)
-        transport = make_transport(config.transport, board, config.cell)
+        transport = make_transport(config.transport, board, config.cell, host=config.transport_host)
         stack.callback(transport.close)
+        if log is not None and transport.segment:
+            _record_transport(log, config, transport.name, transport.segment)
         # The replica builds one group per participating prefix 2..K, once, on every process.
         replica = Replica(backend, layout, config.loss, transport, board)
         stack.callback(replica.stop)  # followers leave `follow()` however the leader ends
         queues = partial(RedisMicroStepQueue, client, config.queue)
         cell = Cell(config, log, queues, board, replica)
+        if config.metrics_port is not None:
+            stack.enter_context(cell.metrics.serve(host=config.metrics_host, port=config.metrics_port))
+            print(f"cell {config.cell}: metrics at {cell.metrics.url}", file=sys.stderr, flush=True)
         if live is not None:
             cell.version = live.version
         if live is not None and live.elastic is not None:
@@ -160,6 +169,20 @@ def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) 
             if log is None:
                 raise CellFailedError("a live run's core needs the run's database")
             run_core(cell, bursts, _live_core(stack, config, log, queues, live), record_roles=False)
+
+
+def _record_transport(log: EventLog, config: CellConfig, name: str, segment: str) -> None:
+    """The address this cell's exposed memory is read at, in the run's log (each start)."""
+    started = TrainerTransportStarted(
+        run_id=config.run_id,
+        queue_prefix=config.queue.prefix,
+        cell=config.cell,
+        transport=name,
+        segment=segment,
+        node=socket.gethostname(),
+    )
+    key = f"trainer-transport:{config.queue.prefix}:{config.cell}:{segment}"
+    log.append([NewEvent(started, key, metadata=EventMetadata(run_id=config.run_id))])
 
 
 def _live_core(

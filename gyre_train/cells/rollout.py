@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre_proxy.engines import WILDCARD_HOSTS, SGLangServer, SGLangServerConfig, advertised_url
-from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
+from gyre_proxy.engines.refengine import (
+    ModelSource,
+    MooncakeConfig,
+    ReferenceEngineConfig,
+    ReferenceEngineServer,
+)
 from gyre_proxy.engines.weights import EngineWeightSink
 from gyre_store import (
     EngineRegistered,
@@ -78,6 +83,11 @@ class RolloutEngineConfig:
                 "advertise host, the address the proxy and the publisher reach it at"
             )
 
+    @property
+    def reachable_host(self) -> str:
+        """The address other machines reach this engine's machine at."""
+        return self.advertise_host or self.host
+
     def advertised(self, base_url: str) -> str:
         """The URL others call for a server listening at ``base_url``."""
         return advertised_url(base_url, self.advertise_host)
@@ -107,18 +117,25 @@ def _tokenizer_of(initial_model: Path) -> str:
     return f"file:{tokenizer}" if tokenizer.is_file() else "qwen"
 
 
+def reference_engine_config(config: RolloutEngineConfig, folder: Path, version: int) -> ReferenceEngineConfig:
+    """The reference engine a rollout engine serves: the policy in ``folder`` at ``version``,
+    its Mooncake Transfer Engine (KV migration) at the address other machines reach it at."""
+    return ReferenceEngineConfig(
+        source=ModelSource(model_dir=folder, tokenizer=_tokenizer_of(config.initial_model)),
+        max_context=config.max_context,
+        seed=config.seed,
+        weight_version=str(version),
+        torch_threads=config.torch_threads,
+        tokenizer_vocab_only=True,
+        mooncake=MooncakeConfig(host=config.reachable_host),
+    )
+
+
 class _ReferenceServing:
     """The reference engine, in this process."""
 
     def __init__(self, config: RolloutEngineConfig, folder: Path, version: int) -> None:
-        engine_config = ReferenceEngineConfig(
-            source=ModelSource(model_dir=folder, tokenizer=_tokenizer_of(config.initial_model)),
-            max_context=config.max_context,
-            seed=config.seed,
-            weight_version=str(version),
-            torch_threads=config.torch_threads,
-            tokenizer_vocab_only=True,
-        )
+        engine_config = reference_engine_config(config, folder, version)
         self.server = ReferenceEngineServer(engine_config, host=config.host, port=config.port).__enter__()
         self.base_url = self.server.base_url
 
@@ -207,6 +224,7 @@ class RolloutEngine:
             url=url,
             cell_index=config.cell_index,
             capacity=config.capacity,
+            kv_transfer_host=config.reachable_host if config.kind == "reference" else "",
         )
         # One registration per start (a retried append finds its own): a cell's engine that
         # starts again must be routed to again, even at an address it had before.

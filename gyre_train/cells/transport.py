@@ -27,6 +27,11 @@ class WeightTransport(Protocol):
 
     name: str
 
+    @property
+    def segment(self) -> str:
+        """Where peers read this end's exposed memory (Mooncake's ``host:port``); "" for none."""
+        ...
+
     def expose(self, flat: torch.Tensor, policy_version: int) -> None:
         """Core: make `flat` (the weights at `policy_version`) the snapshot satellites pull."""
         ...
@@ -68,6 +73,10 @@ class TorchDistributedTransport:
 
     def __enter__(self) -> TorchDistributedTransport:
         return self
+
+    @property
+    def segment(self) -> str:
+        return ""  # the core sends; nothing is read from its memory
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -127,6 +136,10 @@ class MooncakeTransport:
     def __enter__(self) -> MooncakeTransport:
         return self
 
+    @property
+    def segment(self) -> str:
+        return self._segment
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -174,10 +187,15 @@ class MooncakeTransport:
         self._buffer = None
 
 
-def make_transport(name: str, board: SnapshotBoard, cell: int) -> WeightTransport:
-    """`"torch"` or `"mooncake"`; raises WeightTransportError for anything else."""
+WEIGHT_TRANSPORTS = (TorchDistributedTransport.name, MooncakeTransport.name)
+
+
+def make_transport(name: str, board: SnapshotBoard, cell: int, host: str = "127.0.0.1") -> WeightTransport:
+    """`"torch"` or `"mooncake"`; raises WeightTransportError for anything else. ``host`` is the
+    address other machines reach this cell's Transfer Engine at (Mooncake): the segment a
+    core's snapshot descriptor names, which satellites on other hosts read from."""
     if name == TorchDistributedTransport.name:
         return TorchDistributedTransport(board, cell)
     if name == MooncakeTransport.name:
-        return MooncakeTransport(board, cell)
-    raise WeightTransportError(f"unknown weight transport {name!r} (torch or mooncake)")
+        return MooncakeTransport(board, cell, host=host)
+    raise WeightTransportError(f"unknown weight transport {name!r} (one of {list(WEIGHT_TRANSPORTS)})")

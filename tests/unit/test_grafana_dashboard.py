@@ -1,5 +1,6 @@
 """deploy/grafana/gyre.json against the exporters: every metric a panel queries is one the
-proxy, the reference engine or the controller exports, and every metric they export is shown."""
+proxy, the reference engine, the controller or a trainer cell exports, and every metric they
+export is shown."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gyre_proxy.service import ProxyMetrics
 from gyre_sched.live import Controller, ControllerCollector
 from gyre_sched.testing import RecordingSink
 from gyre_store import InMemoryEventLog
+from gyre_train.cells import CellMetrics
 from tests.unit.sched.helpers import tiny
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gyre.json"
@@ -44,8 +46,9 @@ def test_the_dashboard_queries_exactly_what_the_exporters_export() -> None:
         **exported(ProxyMetrics().registry),
         **exported(engine_registry(ReferenceEngine(config))),
         **exported(controller_registry),
+        **exported(CellMetrics(0).registry),
     }
-    assert {name.split("_")[1] for name in families} == {"proxy", "engine", "controller"}
+    assert {name.split("_")[1] for name in families} == {"proxy", "engine", "controller", "trainer"}
     series = set().union(*families.values())
     used = queried()
     assert used, "the dashboard queries no gyre metric"

@@ -127,3 +127,17 @@ def test_bad_task_sandbox_and_judge_settings_are_refused_in_one_line(text: str, 
     with pytest.raises(ConfigFileError, match=message) as caught:
         parse_config(text, where="run.toml")
     assert str(caught.value).startswith("run.toml: ") and "\n" not in str(caught.value)
+
+
+def test_the_weight_transport_is_read_checked_and_spelled_as_the_cells_spell_it() -> None:
+    from gyre_tools.run_config import WEIGHT_TRANSPORTS
+    from gyre_train.cells import WEIGHT_TRANSPORTS as CELL_TRANSPORTS
+
+    assert WEIGHT_TRANSPORTS == CELL_TRANSPORTS
+    assert parse_config('[train]\nweight_transport = "mooncake"\n').train.weight_transport == "mooncake"
+    assert DEMO.train.weight_transport == "torch"
+    with pytest.raises(
+        ConfigFileError, match=r"train.weight_transport must be one of \['torch', 'mooncake'\], got 'rdma'"
+    ) as caught:
+        parse_config('[train]\nweight_transport = "rdma"\n', where="run.toml")
+    assert "\n" not in str(caught.value)

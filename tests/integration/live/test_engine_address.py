@@ -13,7 +13,7 @@ import pytest
 
 from gyre_store import EngineRegistered, InMemoryEventLog
 from gyre_train.backends import new_policy
-from gyre_train.cells.rollout import RolloutEngine, RolloutEngineConfig
+from gyre_train.cells.rollout import RolloutEngine, RolloutEngineConfig, _ReferenceServing
 from gyre_train.exceptions import InvalidConfigError
 from tests import netns
 
@@ -44,6 +44,10 @@ def test_an_engine_on_every_address_registers_the_advertised_one(tmp_path: Path)
             assert engine.base_url is not None
             port = urlsplit(engine.base_url).port
             assert registered.url == engine.url == f"http://{net.gateway}:{port}"
+            # Its Mooncake Transfer Engine (KV migration) names the same address, and the log says so.
+            assert registered.kv_transfer_host == net.gateway
+            assert isinstance(engine.serving, _ReferenceServing)
+            assert engine.serving.server.engine.config.mooncake.host == net.gateway
             called = subprocess.run(
                 other.command([sys.executable, "-c", FETCH, f"{registered.url}/get_model_info"]),
                 capture_output=True, text=True, timeout=60,

@@ -171,3 +171,30 @@ def test_the_world_is_recorded_at_the_advertised_address_not_the_listening_one(t
     assert core is not None and core.cells[0].dist_init == "tcp://localhost:29555"
     world = newest_world(log, "r")
     assert world is not None and world.dist_init == "tcp://localhost:29555"
+
+
+def test_the_worlds_weight_transport_and_each_cells_addresses_reach_every_cell(tmp_path: Path) -> None:
+    config = msgspec.structs.replace(
+        ASYNC, run_dir=str(tmp_path), train=msgspec.structs.replace(ASYNC.train, weight_transport="mooncake")
+    )
+    log = InMemoryEventLog()
+    core = _plan(
+        log, config, "0", host="0.0.0.0", advertise_host="localhost", cell_metrics_port=9400
+    ).trainers  # type: ignore[arg-type]
+    world = newest_world(log, "r")
+    assert world is not None and world.transport == "mooncake"
+    # A satellite node with a config that says otherwise still uses the world's transport.
+    torch_config = msgspec.structs.replace(config, train=ASYNC.train)
+    satellites = _plan(log, torch_config, "1-2", advertise_host="127.0.0.2", cell_metrics_port=0).trainers  # type: ignore[arg-type]
+    assert core is not None and satellites is not None
+    assert [(c.transport, c.transport_host, c.metrics_port, c.metrics_host) for c in core.cells] == [
+        ("mooncake", "localhost", 9400, "0.0.0.0")
+    ]
+    assert [(c.transport, c.transport_host, c.metrics_port) for c in satellites.cells] == [
+        ("mooncake", "127.0.0.2", 0),
+        ("mooncake", "127.0.0.2", 0),
+    ]
+    unserved = _plan(log, config, "1,2").trainers
+    assert unserved is not None and {c.metrics_port for c in unserved.cells} == {None}
+    numbered = _plan(log, config, "1,2", cell_metrics_port=9400).trainers  # type: ignore[arg-type]
+    assert numbered is not None and [c.metrics_port for c in numbered.cells] == [9401, 9402]
