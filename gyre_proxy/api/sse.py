@@ -55,20 +55,23 @@ class EventPump(Generic[T]):
     """Reads an async iterator with a timeout that does not disturb it.
 
     ``asyncio.wait_for(anext(it))`` would cancel the generator on every timeout; here one
-    reader task per stream pulls the next item when ``next`` asks for it, and a timeout
-    leaves that read in flight; only ``aclose`` cancels it. As with a read per call, the
-    source never runs ahead of what was asked. Exceptions from the source propagate out of
-    ``next``. One task per stream, not one per item: a task and an ``asyncio.wait`` per
+    reader task per stream reads the source and queues its items, and a timeout leaves the
+    read in flight; only ``aclose`` cancels it. The reader reads ahead of ``next`` (at most
+    ``ahead`` items queued; then it waits for room): a token is then one wake of the reader
+    (its data arrived) and one of the response, with no hand-back between them, and the
+    items that arrived while the response was writing are all there for its next write
+    (``ready``). Exceptions from the source propagate out of ``next``, after the items read
+    before them. One task per stream, not one per item: a task and an ``asyncio.wait`` per
     streamed token cost about a tenth of the proxy's event loop at 128 streams
     (benchmarks/bench_proxy.py).
     """
 
-    def __init__(self, source: AsyncIterator[T]) -> None:
+    def __init__(self, source: AsyncIterator[T], *, ahead: int = 256) -> None:
         self._source = source
+        self._ahead = max(1, ahead)
         self._items: collections.deque[T | Pulse | _Raised] = collections.deque()
         self._reader: asyncio.Task[None] | None = None
-        self._reading = False  # a read was asked for and has not delivered yet
-        self._wanted: asyncio.Future[None] | None = None  # the idle reader waits on it
+        self._room: asyncio.Future[None] | None = None  # the reader waits on it while the queue is full
         self._waiter: asyncio.Future[None] | None = None  # ``next`` waits on it
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
@@ -77,19 +80,17 @@ class EventPump(Generic[T]):
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if not self._reading:
-                    self._wanted = loop.create_future()
-                    await self._wanted
+                if len(self._items) >= self._ahead:
+                    self._room = loop.create_future()
+                    await self._room
                 try:
                     item: T | Pulse | _Raised = await anext(self._source)
                 except StopAsyncIteration:
                     item = Pulse.END
-                self._reading = False
                 self._push(item)
                 if item is Pulse.END:
                     return
         except Exception as exc:  # handed to ``next``; cancellation is not caught
-            self._reading = False
             self._push(_Raised(exc))
 
     def _push(self, item: T | Pulse | _Raised) -> None:
@@ -97,17 +98,29 @@ class EventPump(Generic[T]):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def _took(self) -> T | Pulse:
+        """The first queued item (raising a queued error), making room for the reader."""
+        item = self._items.popleft()
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+        if isinstance(item, _Raised):
+            self._closed = True
+            raise item.error
+        if item is Pulse.END:
+            self._closed = True
+        return item
+
+    def ready(self) -> bool:
+        """True when ``next`` would return at once: an item is queued (or the pump is closed)."""
+        return self._closed or bool(self._items)
+
     async def next(self, timeout_s: float | None) -> T | Pulse:
         """The next item, ``Pulse.TICK`` after ``timeout_s`` of silence, or ``Pulse.END``."""
         if self._closed:
             return Pulse.END
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read())
         if not self._items:
-            if not self._reading:
-                self._reading = True
-                if self._reader is None:
-                    self._reader = asyncio.ensure_future(self._read())
-                elif self._wanted is not None and not self._wanted.done():
-                    self._wanted.set_result(None)
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
             timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, waiter)
@@ -121,13 +134,7 @@ class EventPump(Generic[T]):
                 return Pulse.END  # closed (by the client going away) while this read waited
             if not self._items:
                 return Pulse.TICK
-        item = self._items.popleft()
-        if isinstance(item, _Raised):
-            self._closed = True
-            raise item.error
-        if item is Pulse.END:
-            self._closed = True
-        return item
+        return self._took()
 
     async def aclose(self) -> None:
         """Stop the source: cancel a pending read, then close the generator. Idempotent.
@@ -150,6 +157,7 @@ class EventPump(Generic[T]):
         reader, self._reader = self._reader, None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        # Items read ahead and never taken are dropped: the response is over.
         with anyio.CancelScope(shield=True):
             if reader is not None and not reader.done():
                 reader.cancel()
@@ -231,8 +239,9 @@ class SSEResponse(Response):
     """The streaming answer: the pump's items framed as SSE, until the stream is finished.
 
     Starlette's ``StreamingResponse`` would spend a task group (two tasks, cancel scopes)
-    on every answer and one ASGI send per frame; this writes each item's frames in one
-    send, ends the body in the same send as the finishing item's frames, and watches for
+    on every answer and one ASGI send per frame; this writes the frames of every item
+    queued by then in one send (one socket write for the tokens that arrived while the last
+    write was made), ends the body in the same send as the finishing item's frames, and watches for
     the client going away from a single task. The pump is closed however the response ends, so the
     answerer aborts its engine request when the harness hangs up mid-answer.
     """
@@ -275,9 +284,10 @@ class SSEResponse(Response):
                 if last:
                     await send({"type": "http.response.body", "body": b"".join(frames), "more_body": False})
                     return
+                # Items that arrived while this one was written join its frames in one write.
                 # The finishing frames wait for the source's end (at once, from the answerer) so
                 # they and the end of the body go out together; a quiet source gets them anyway.
-                if frames and (not framing.finished() or item is Pulse.TICK):
+                if frames and not pump.ready() and (not framing.finished() or item is Pulse.TICK):
                     await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
                     frames.clear()
                 try:

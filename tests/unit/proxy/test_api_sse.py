@@ -61,11 +61,23 @@ async def test_aclose_cancels_a_pending_read_and_closes_the_source() -> None:
 
 
 async def test_aclose_between_reads_closes_the_generator() -> None:
-    source = Source([0.0, 0.0])
-    pump = EventPump(source.run())
+    source = Source([0.0, 0.0, 0.0])
+    pump = EventPump(source.run(), ahead=1)
     assert await pump.next(1.0) == 0
+    await asyncio.sleep(0.01)  # the reader has read item 1 and waits for room for it
+    assert pump.ready()
     await pump.aclose()
     assert source.ended == "GeneratorExit"
+
+
+async def test_the_reader_reads_ahead_up_to_its_bound() -> None:
+    source = Source([0.0] * 6)
+    pump = EventPump(source.run(), ahead=3)
+    assert await pump.next(1.0) == 0
+    await asyncio.sleep(0.01)
+    assert source.ended == ""  # three items queued: the reader waits for room
+    assert [await pump.next(1.0) for _ in range(5)] == [1, 2, 3, 4, 5]
+    assert await pump.next(1.0) is Pulse.END and source.ended == "completed"
 
 
 async def test_source_errors_come_out_of_next() -> None:
@@ -155,12 +167,15 @@ async def respond(source: AsyncIterator[str], client: Client, ping_interval_s: f
     await response({"type": "http"}, client.receive, client.send)  # type: ignore[arg-type]
 
 
-async def test_each_item_is_one_send_and_the_finishing_one_ends_the_body() -> None:
+async def test_items_queued_together_go_out_in_one_send_and_the_finishing_one_ends_the_body() -> None:
     ended: list[bool] = []
 
     async def source() -> AsyncIterator[str]:
         yield "start"
+        await asyncio.sleep(0.02)  # the response writes the opening and waits
         yield "a+b"
+        yield "c"  # queued while "a+b" is taken: written with it
+        await asyncio.sleep(0.02)
         yield "stop+delta+done"
         yield "after+the+end"  # the source still runs to its end
         ended.append(True)
@@ -171,8 +186,24 @@ async def test_each_item_is_one_send_and_the_finishing_one_ends_the_body() -> No
     assert client.sent[0]["type"] == "http.response.start"
     assert client.bodies == [
         (b"open\n\n" + named_event("start", b"{}"), True),
-        (named_event("a", b"{}") + named_event("b", b"{}"), True),
+        (named_event("a", b"{}") + named_event("b", b"{}") + named_event("c", b"{}"), True),
         (named_event("stop", b"{}") + named_event("delta", b"{}") + named_event("done", b"{}"), False),
+    ]
+
+
+async def test_an_item_that_arrives_alone_is_written_at_once() -> None:
+    async def source() -> AsyncIterator[str]:
+        for item in ("start", "a", "b", "done"):
+            await asyncio.sleep(0.01)
+            yield item
+
+    client = Client()
+    await respond(source(), client)
+    assert client.bodies == [
+        (b"open\n\n" + named_event("start", b"{}"), True),
+        (named_event("a", b"{}"), True),
+        (named_event("b", b"{}"), True),
+        (named_event("done", b"{}"), False),
     ]
 
 
@@ -196,7 +227,8 @@ async def test_source_error_after_the_start_is_the_last_frame() -> None:
 
     client = Client()
     await respond(source(), client)
-    assert client.bodies[-1] == (named_event("error", b"no engine could finish this request"), False)
+    body, more = client.bodies[-1]  # the error was queued behind "start": one write
+    assert not more and body.endswith(named_event("error", b"no engine could finish this request"))
 
 
 async def test_client_going_away_closes_a_quiet_source() -> None:
