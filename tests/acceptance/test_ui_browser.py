@@ -210,3 +210,18 @@ def test_run_step_execution_node_show_the_run_json_figures(
     assert browser.find_element(By.TAG_NAME, "h1").text.startswith("Node ")
     tokens = browser.find_elements(By.CSS_SELECTOR, "span.tok")
     assert tokens and {t.get_attribute("data-provenance") for t in tokens} >= {"sampled"}
+
+    # A page at the head follows the log: a new dispatch of the run appears without a reload.
+    from gyre_store import PostgresEventLog, StoreConfig
+    from tests.unit.train.runs import dispatch_group
+
+    browser.get(f"{ui}/runs/{run_id}")
+    before = int(browser.find_element(By.ID, "main").get_attribute("data-position"))
+    points = len(browser.find_elements(By.CSS_SELECTOR, "#waterlevel-chart circle"))
+    with PostgresEventLog(StoreConfig(finished_run[0])) as log:
+        dispatch_group(log, run_id, f"{run_id}/ui-late", [f"{run_id}/ui-late-e0"], policy_version=2)
+    deadline = time.monotonic() + 30
+    while int(browser.find_element(By.ID, "main").get_attribute("data-position")) == before:
+        assert time.monotonic() < deadline, "the page did not follow the log"
+        time.sleep(0.5)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#waterlevel-chart circle")) == points + 1

@@ -9,6 +9,7 @@ changes. The app holds the log it was given and nothing else: no cache of the st
 from __future__ import annotations
 
 from collections.abc import Callable
+from html import escape
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -67,7 +68,7 @@ def create_app(
 
     @app.exception_handler(ConfigError)
     async def bad_input(request: Request, exc: ConfigError) -> HTMLResponse:
-        return HTMLResponse(f"<!doctype html><title>gyre</title><p>{exc}</p>", status_code=400)
+        return HTMLResponse(f"<!doctype html><title>gyre</title><p>{escape(str(exc))}</p>", status_code=400)
 
     @app.get("/api/head")
     def head() -> JSONResponse:
@@ -92,7 +93,7 @@ def create_app(
             for s in report.steps
             if s.mean_reward is not None
         ]
-        held = [(h.pass_rate, f"held-out {h.name}", c) for h, c in zip(report.held_out, ("#7f7f7f", "#2ca02c"), strict=False)
+        held = [(h.pass_rate, f"{h.name} pass rate", c) for h, c in zip(report.held_out, ("#7f7f7f", "#2ca02c"), strict=False)
                 if h.pass_rate is not None]  # fmt: skip
         staleness = [
             svg.Point(s.step, s.staleness_mean) for s in report.steps if s.staleness_mean is not None
@@ -181,7 +182,7 @@ def create_app(
 
     @app.exception_handler(NoTrajectoryTree)
     async def no_tree(request: Request, exc: NoTrajectoryTree) -> HTMLResponse:
-        return HTMLResponse(f"<!doctype html><title>gyre</title><p>{exc}</p>", status_code=404)
+        return HTMLResponse(f"<!doctype html><title>gyre</title><p>{escape(str(exc))}</p>", status_code=404)
 
     return app
 
