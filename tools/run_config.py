@@ -76,7 +76,7 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     heldout: bool = True
-    judge: str = ""  # "": none; an OpenAI-compatible URL: scores the sourced tasks that have a rubric
+    judge: str = ""  # "": none; "policy", "engine:NAME" or an http(s) URL: scores tasks with a rubric
     judge_model: str = ""  # the model name sent to a URL judge
     judge_key_env: str = ""  # the environment variable holding a URL judge's API key
 
@@ -355,19 +355,38 @@ def _check_tasks(config: RunConfig, where: str) -> None:
         )
 
 
+def judge_engine(config: RunConfig, name: str) -> str | None:
+    """The log's name of the run's engine ``name`` (``eval.judge = "engine:NAME"``): an
+    external engine's ``<run>:ext-NAME``, a pool engine ``pool-<n>``'s ``<run>:pool-<n>``;
+    None when the run has no engine of that name."""
+    if name in {e.name for e in config.externals}:
+        return f"{config.run_id}:ext-{name}"
+    pool = re.fullmatch(r"pool-(\d+)", name)
+    if pool is not None and int(pool.group(1)) < config.rollout_engines:
+        return f"{config.run_id}:{name}"
+    return None
+
+
 def _check_judge(config: RunConfig, where: str) -> None:
-    """``eval.judge``: none, or an OpenAI-compatible URL with a model."""
+    """``eval.judge``: none, ``policy``, ``engine:NAME`` naming an engine of the run, or an
+    OpenAI-compatible URL with a model."""
     judge = config.eval.judge
-    if judge == "":
+    if judge in ("", "policy"):
         return
-    if judge == "policy" or judge.startswith("engine:"):
-        raise ConfigFileError(
-            f"{where}: eval.judge = {judge!r}: a judge on the run's own policy or engines is not "
-            "implemented; use an OpenAI-compatible URL"
-        )
+    if judge.startswith("engine:"):
+        name = judge.removeprefix("engine:")
+        if judge_engine(config, name) is None:
+            known = [e.name for e in config.externals] + [f"pool-{n}" for n in range(config.rollout_engines)]
+            raise ConfigFileError(
+                f"{where}: eval.judge = {judge!r}: the run has no engine {name!r} (its engines: "
+                f"{', '.join(known) or 'none'}; a judge on another model is a URL)"
+            )
+        return
     parts = urlsplit(judge)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigFileError(f'{where}: eval.judge must be "" or an http(s) URL, got {judge!r}')
+        raise ConfigFileError(
+            f'{where}: eval.judge must be "", "policy", "engine:NAME" or an http(s) URL, got {judge!r}'
+        )
     if not config.eval.judge_model:
         raise ConfigFileError(f"{where}: eval.judge_model: a URL judge needs the model name to ask for")
 
@@ -507,7 +526,7 @@ boot_retries = {config.sandbox.boot_retries}       # a harness that exits non-ze
 
 [eval]
 heldout = {str(e.heldout).lower()}   # evaluate the held-out instances before the first and after the last step
-judge = "{e.judge}"         # empty: tests only; an OpenAI-compatible URL: an LLM judge scores the tasks that have a rubric, instead of their tests (docs/judge.md)
+judge = "{e.judge}"         # empty: tests only; "policy" (the run's own policy, through its proxy), "engine:NAME" (one engine of the run: pool-<n> or an external engine's NAME) or an OpenAI-compatible URL: an LLM judge scores the tasks that have a rubric, instead of their tests (docs/judge.md)
 judge_model = "{e.judge_model}"   # the model a URL judge is asked for
 judge_key_env = "{e.judge_key_env}" # the environment variable holding a URL judge's API key (read by the evaluator process)
 '''

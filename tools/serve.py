@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -43,11 +44,19 @@ from gyre_tools.common import add_store_arguments, console, open_store
 from gyre_tools.placement import SandboxPlacement
 from gyre_tools.proxy import registered_proxy
 from gyre_tools.restarts import GAVE_UP, RestartPolicy
-from gyre_tools.run_config import CORE_CELL, ConfigFileError, RunConfig, parse_config, trainer_cells
+from gyre_tools.run_config import (
+    CORE_CELL,
+    ConfigFileError,
+    RunConfig,
+    judge_engine,
+    parse_config,
+    trainer_cells,
+)
 from gyre_tools.work_claims import RedisEvaluationClaims
 from gyre_train import (
     AdmissionConfig,
     AdvantageConfig,
+    EngineJudgeClient,
     Evaluator,
     EvaluatorWorker,
     GroupSourceConfig,
@@ -55,6 +64,8 @@ from gyre_train import (
     OpenAIChatClient,
     PackingConfig,
     WorkerConfig,
+    context_budget_chars,
+    judge_slot,
 )
 from gyre_train.sandbox import sandbox_for
 from gyre_train.tasks import SandboxTestEvaluator, TaskFiles
@@ -290,7 +301,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
             evaluator_for=evaluator_for,
             claims=claims,
         )
-        judged = f"; tasks with a rubric judged by {judge.model} at {judge.endpoint}" if judge else ""
+        judged = f"; tasks with a rubric judged by {config.eval.judge}" if judge else ""
         console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}{judged}")
         try:
             worker.run(until_signal())
@@ -303,28 +314,50 @@ def run_evaluator(args: argparse.Namespace) -> int:
 
 def sourced_evaluators(
     config: RunConfig, log: EventLog, *, environ: Mapping[str, str] | None = None
-) -> tuple[Callable[[TaskDefined], Evaluator], OpenAIChatClient | None]:
-    """The evaluator of each task read from a source: with ``[eval] judge`` a URL, a task that
+) -> tuple[Callable[[TaskDefined], Evaluator], OpenAIChatClient | EngineJudgeClient | None]:
+    """The evaluator of each task read from a source: with ``[eval] judge`` set, a task that
     has a rubric is scored by the judge (its tests are not run); every other task by its own
     tests in the run's sandbox kind. Returns the factory and the judge's client (to close), if
-    any. The judge's key is read from the environment variable ``[eval] judge_key_env``."""
+    any. A URL judge's key is read from the environment variable ``[eval] judge_key_env``; a
+    judge on the run's engines (``policy``, ``engine:NAME``) calls through the proxy the run
+    registered, showing as much of a workspace as fits ``model.max_context``."""
     tests = sandbox_for(config.sandbox.kind)
     files = TaskFiles()
-    judge: OpenAIChatClient | None = None
-    if config.eval.judge:
-        if config.eval.judge == "policy":  # refused by the config's check too
-            raise ConfigFileError('eval.judge = "policy" is not implemented; use an OpenAI-compatible URL')
+    judge: OpenAIChatClient | EngineJudgeClient | None = None
+    setting = config.eval.judge
+    if setting == "policy" or setting.startswith("engine:"):
+
+        def engine_name(name: str) -> str:
+            found = judge_engine(config, name)
+            if found is None:  # refused by the config's check too
+                raise ConfigFileError(f"eval.judge = {setting!r}: the run has no engine {name!r}")
+            return found
+
+        judge = EngineJudgeClient(
+            log,
+            config.run_id,
+            slot=judge_slot(setting, engine_name),
+            proxy_url=lambda: registered_proxy(log, config.run_id),
+            max_tokens=config.model.max_tokens,
+        )
+    elif setting:
         env = os.environ if environ is None else environ
         key = env.get(config.eval.judge_key_env, "") if config.eval.judge_key_env else ""
-        judge = OpenAIChatClient(config.eval.judge, key, config.eval.judge_model)
+        judge = OpenAIChatClient(setting, key, config.eval.judge_model)
 
     def evaluator_for(event: TaskDefined) -> Evaluator:
         task = files.task(event)
-        if judge is not None and task.rubric:
-            return JudgeEvaluator(
-                judge, log, judge=config.eval.judge, prompt=task.prompt, rubric=task.rubric, task_id=task.id
-            )
-        return SandboxTestEvaluator(task, tests)
+        if judge is None or not task.rubric:
+            return SandboxTestEvaluator(task, tests)
+        judged = functools.partial(
+            JudgeEvaluator, judge, log, judge=setting, prompt=task.prompt, rubric=task.rubric, task_id=task.id
+        )
+        if isinstance(judge, OpenAIChatClient):
+            return judged()
+        model = config.model
+        return judged(
+            budget_chars=context_budget_chars(model.max_context, model.max_tokens, task.prompt, task.rubric)
+        )
 
     return evaluator_for, judge
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre_tools.run_config import DEMO, ConfigFileError, parse_config, to_toml
+from gyre_tools.run_config import DEMO, ConfigFileError, judge_engine, parse_config, to_toml
 
 
 def test_the_demo_config_round_trips() -> None:
@@ -105,11 +105,14 @@ def test_a_task_source_and_a_sandbox_are_read_and_checked() -> None:
         ),
         ('[tasks]\nheldout_ids = ["x"]\n', "heldout_ids applies to a folder or .jsonl source only"),
         (
-            '[eval]\njudge = "engine:pool-0"\n',
-            "a judge on the run's own policy or engines is not implemented",
+            '[eval]\njudge = "engine:pool-2"\n',
+            r"eval.judge = 'engine:pool-2': the run has no engine 'pool-2' \(its engines: pool-0, pool-1;",
         ),
-        ('[eval]\njudge = "policy"\n', "a judge on the run's own policy or engines is not implemented"),
-        ('[eval]\njudge = "ftp://judge"\n', r"eval.judge must be \"\" or an http\(s\) URL"),
+        ('[eval]\njudge = "engine:"\n', "the run has no engine ''"),
+        (
+            '[eval]\njudge = "ftp://judge"\n',
+            r"eval.judge must be \"\", \"policy\", \"engine:NAME\" or an http\(s\) URL",
+        ),
         ('[eval]\njudge = "http://127.0.0.1:9/v1"\n', "eval.judge_model: a URL judge needs the model name"),
     ],
     ids=[
@@ -118,7 +121,7 @@ def test_a_task_source_and_a_sandbox_are_read_and_checked() -> None:
         "missing-source",
         "heldout-ids-of-a-family",
         "judge-engine",
-        "judge-policy",
+        "judge-engine-unnamed",
         "judge-scheme",
         "judge-model",
     ],
@@ -127,6 +130,16 @@ def test_bad_task_sandbox_and_judge_settings_are_refused_in_one_line(text: str, 
     with pytest.raises(ConfigFileError, match=message) as caught:
         parse_config(text, where="run.toml")
     assert str(caught.value).startswith("run.toml: ") and "\n" not in str(caught.value)
+
+
+def test_a_judge_on_the_runs_policy_or_one_of_its_engines_is_read_and_named_as_the_log_names_it() -> None:
+    externals = 'run_id = "r"\nexternal_engines = ["big=http://10.0.0.7:30000"]\n'
+    assert parse_config('[eval]\njudge = "policy"\n').eval.judge == "policy"
+    config = parse_config(externals + '[eval]\njudge = "engine:big"\n')
+    assert judge_engine(config, "big") == "r:ext-big"  # as gyre run registers an external engine
+    assert judge_engine(config, "pool-1") == "r:pool-1"  # as node agents name the pool's engines
+    assert judge_engine(config, "pool-2") is None and judge_engine(config, "small") is None
+    assert parse_config(externals + '[eval]\njudge = "engine:pool-0"\n').eval.judge == "engine:pool-0"
 
 
 def test_the_weight_transport_is_read_checked_and_spelled_as_the_cells_spell_it() -> None:
