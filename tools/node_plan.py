@@ -132,7 +132,7 @@ def node_plan(
         kind=config.train.optimizer,
         lr=config.train.lr,
         max_grad_norm=config.train.max_grad_norm,
-        state_path=state if config.train.shard == "none" else None,  # FSDP cells keep no moments
+        state_path=state,
     )
     # gloo must talk on the interface others reach this machine at, once the world spans machines.
     interface = None if is_loopback(address) else interface_of(address)

@@ -6,9 +6,9 @@ layer and the rest of the model are `fully_shard` units over the cell's group, s
 N identical replicas of one micro-step) and of the optimizer's moments, and all-gathers one
 layer at a time to compute. The flat vectors a cell moves (`flat_parameters`, `flat_gradients`)
 are this rank's shards, so position p of every cell meets the same shard in the cross-cell
-reduction and broadcast. Not done here: the model is built whole once per rank before it is
-sharded (a seeded model or a checkpoint folder), and the optimizer state is not kept across a
-restart of the core.
+reduction and broadcast. The optimizer state a core keeps is gathered whole, in the unsharded
+layout. Not done here: the model is built whole once per rank before it is sharded (a seeded
+model or a checkpoint folder).
 """
 
 from __future__ import annotations
@@ -21,9 +21,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from gyre_train.backends.pytorch import TorchBackend, build_model, enable_activation_checkpointing
+from gyre_train.backends.pytorch import (
+    TorchBackend,
+    build_model,
+    enable_activation_checkpointing,
+    make_optimizer,
+    write_whole,
+)
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.objective import packed_token_logprobs
 from gyre_train.trajectories import MicroStep
@@ -59,13 +65,24 @@ class GatheredModel:
 
     model: torch.nn.Module  # the leader's sharded module: its config and `save_pretrained`
     tensors: dict[str, torch.Tensor]
+    training_state: dict[str, Any] | None = None  # the optimizer's, every moment whole
+
+    def save_training_state(self, path: Path) -> Path | None:
+        """The optimizer's state in the unsharded layout, for a resumed core (sharded or not);
+        None before the first update."""
+        return None if self.training_state is None else write_whole(self.training_state, path)
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         return self.tensors
 
     def save(self, path: Path) -> Path:
+        """`save_pretrained`, a tied weight once (under its first name), as an unsharded save."""
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(path), state_dict=self.tensors)  # type: ignore[operator]
+        once: dict[int, str] = {}
+        for name, tensor in self.tensors.items():
+            once.setdefault(id(tensor), name)
+        unique = {name: self.tensors[name] for name in once.values()}
+        self.model.save_pretrained(str(path), state_dict=unique)  # type: ignore[operator]
         return path
 
 
@@ -86,8 +103,6 @@ class FsdpBackend(TorchBackend):
             raise InvalidConfigError(
                 f"the cell's group has {dist.get_world_size(self.group)} ranks, fsdp expects {self.training.ranks}"
             )
-        if self.optimizer_config.state_path is not None:
-            raise InvalidConfigError("an FSDP cell does not load a saved optimizer state")
         torch.set_num_threads(self.spec.torch_threads)
         model = build_model(self.spec)
         model.train()
@@ -179,8 +194,15 @@ class FsdpBackend(TorchBackend):
         return norm
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """The whole model by name, gathered on every rank of the cell (collective)."""
-        return {name: _full(t).detach() for name, t in self.model.state_dict().items()}
+        """The whole model by name, gathered on every rank of the cell (collective); tied names
+        share one gathered tensor."""
+        gathered: dict[int, torch.Tensor] = {}
+        named: dict[str, torch.Tensor] = {}
+        for name, tensor in self.model.state_dict(keep_vars=True).items():  # tied: one object
+            if id(tensor) not in gathered:
+                gathered[id(tensor)] = _full(tensor).detach()
+            named[name] = gathered[id(tensor)]
+        return named
 
     def full_named_tensors(self) -> dict[str, torch.Tensor]:
         return self.named_tensors()
@@ -191,8 +213,30 @@ class FsdpBackend(TorchBackend):
         return {name: t.full_tensor() for name, t in zip(names, self._sharded(flat), strict=True)}
 
     def gathered(self) -> GatheredModel:
-        """The whole model for publication (collective; every rank holds it until it is dropped)."""
-        return GatheredModel(self.model, self.named_tensors())
+        """The whole model and optimizer state for publication (collective; every rank holds
+        them until they are dropped)."""
+        state = None
+        if self._optimizer is not None:
+            saved = self._optimizer.state_dict()
+            moments = {k: {n: _full(v) for n, v in s.items()} for k, s in saved["state"].items()}
+            state = {"state": moments, "param_groups": saved["param_groups"]}
+        return GatheredModel(self.model, self.named_tensors(), state)
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer, resumed from a whole (unsharded-layout) state: each rank keeps its shard."""
+        optimizer = make_optimizer(self._params, self.optimizer_config)
+        path = self.optimizer_config.state_path
+        if path is not None:
+            if not Path(path).is_file():
+                raise InvalidConfigError(f"no optimizer state at {path}")
+            whole = torch.load(path, weights_only=True)
+            for key, moments in whole["state"].items():
+                p = cast(DTensor, self._params[int(key)])
+                for name, value in moments.items():
+                    if value.shape == p.shape:  # a moment; `step` stays whole
+                        moments[name] = distribute_tensor(value, self._mesh, p.placements, src_data_rank=None)
+            optimizer.load_state_dict(whole)
+        return optimizer
 
     def save(self, path: Path) -> Path:
         """`save_pretrained` of the whole model into `path` by the cell's first rank (collective)."""
@@ -202,4 +246,6 @@ class FsdpBackend(TorchBackend):
         return path
 
     def save_training_state(self, path: Path) -> Path | None:
-        raise InvalidConfigError("an FSDP cell does not keep its optimizer state for a resumed core")
+        """The optimizer's state, gathered whole, by the cell's first rank (collective)."""
+        gathered = self.gathered()
+        return gathered.save_training_state(path) if dist.get_rank(self.group) == 0 else None

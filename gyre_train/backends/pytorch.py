@@ -157,6 +157,15 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], config: OptimizerConfig
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
 
 
+def write_whole(state: Mapping[str, Any], path: Path) -> Path:
+    """``torch.save`` to ``path``, whole or absent: a core killed mid-write leaves the old one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(dict(state), partial)
+    partial.replace(path)
+    return path
+
+
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant: it composes with
     FSDP's hooks, which all-gather a layer's weights again for the recomputation)."""
@@ -252,11 +261,7 @@ class TorchBackend:
             return None
         if self._optimizer is None:
             self._optimizer = self._make_optimizer()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        torch.save(self._optimizer.state_dict(), partial)
-        partial.replace(path)  # whole or absent: a core killed mid-write leaves the old one
-        return path
+        return write_whole(self._optimizer.state_dict(), path)
 
     def apply_update(self, flat_gradients: torch.Tensor) -> float:
         """Clip the batch gradient by global norm and make one optimizer step; returns the norm.

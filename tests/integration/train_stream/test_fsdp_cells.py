@@ -9,6 +9,7 @@ FSDP cells with a satellite that joins a batch in flight, with real Redis and Po
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -212,3 +213,51 @@ def test_fsdp_cells_with_a_joining_satellite_equal_one_process(
     )  # each micro-step counted once
     assert {e.cell for e in contributions} == {0, 1}  # the satellite's gradients entered updates
     assert set(Counter(e.cell for e in events if isinstance(e, MicroStepClaimed))) == {0, 1}  # leaders claim
+
+
+ADAMW = OptimizerConfig(kind="adamw", lr=1e-2, max_grad_norm=0.0)
+
+
+def _one_batch(backend: TorchBackend, b: int) -> None:
+    steps, executions = synthetic_batch(SEED, b, DATA)
+    clip = merge_shares((ratio_share(backend, s) for s in steps), executions, LOSS)
+    backend.zero_gradients()
+    for s in steps:
+        gradient_share(backend, s, clip, LOSS)
+    backend.apply_update(backend.flat_gradients())
+
+
+def _resume_rank(rank: int, port: int, folder: str) -> None:
+    state = Path(folder) / "adamw.pt"
+    with gloo_world(rank, 2, port):
+        first = FsdpBackend(SPEC, ADAMW, FSDP, group=torch.distributed.group.WORLD)
+        _one_batch(first, 0)
+        first.save_training_state(state)  # gathered whole, written by rank 0
+        weights = Path(folder) / "after-0"
+        first.save(weights)
+        torch.distributed.barrier()
+        spec = ModelSpec({}, model_dir=weights)
+        resumed = FsdpBackend(spec, dataclasses.replace(ADAMW, state_path=state), FSDP, group=first.group)
+        _one_batch(resumed, 1)
+        final = resumed.full_named_tensors()
+        if rank == 0:
+            torch.save(final, Path(folder) / "final.pt")
+
+
+def test_a_resumed_fsdp_core_goes_on_from_its_gathered_adamw_state(tmp_path: Path) -> None:
+    """The moments an FSDP core keeps are gathered whole, in the unsharded optimizer's layout;
+    a resumed FSDP core shards them again. One batch, a restart from the saved weights and
+    state, a second batch: the weights equal one unsharded AdamW that never stopped (float32
+    rounding only: 1e-6 relative). Without the state, AdamW's first step after the restart
+    would move every weight by about lr, far outside that."""
+    reference = TorchBackend(SPEC, ADAMW)
+    _one_batch(reference, 0)
+    _one_batch(reference, 1)
+    mp.start_processes(_resume_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    final = torch.load(tmp_path / "final.pt")
+    _close(final, reference.named_tensors(), 1e-5, 1e-6, "after the resumed batch")
+    # The kept state is the unsharded layout: an unsharded core resumes from it too.
+    assert (
+        torch.load(tmp_path / "adamw.pt")["state"][0]["exp_avg"].shape
+        == next(reference.model.parameters()).shape
+    )
