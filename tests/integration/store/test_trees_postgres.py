@@ -50,6 +50,12 @@ def test_generated_execution_on_postgres(pg_log: PostgresEventLog, database_url:
             "SELECT count(*) FROM gyre_records_v WHERE execution_id = 'ex-pg'"
         ).fetchone()  # type: ignore[misc]
         assert n_records == len(view.records)
+        # Payloads and tree tokens are stored compressed (migration 0007), and read back exactly above.
+        (compressed_payloads, compressed_nodes) = conn.execute(
+            "SELECT (SELECT count(*) FROM gyre_events WHERE pg_column_compression(payload) IS NOT NULL), "
+            "(SELECT count(*) FROM gyre_tree_nodes WHERE pg_column_compression(tokens) IS NOT NULL)"
+        ).fetchone()  # type: ignore[misc]
+        assert compressed_payloads > 0 and compressed_nodes > 0
 
     # The topology row agrees with the nodes; a few nodes are read by id without the rest.
     topology = TreeTopology.load(live, "ex-pg")
