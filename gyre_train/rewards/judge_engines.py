@@ -94,6 +94,7 @@ class EngineJudgeClient:
         self._slot = slot
         self._proxy_url = proxy_url
         self._max_tokens = max_tokens
+        self._endpoint = ""
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport)
 
     @property
@@ -102,8 +103,8 @@ class EngineJudgeClient:
 
     @property
     def endpoint(self) -> str:
-        base = self._proxy_url()
-        return f"{base.rstrip('/')}/v1/chat/completions" if base else ""
+        """Where the last call went ("" before the first)."""
+        return self._endpoint
 
     @property
     def slot(self) -> str:
@@ -117,7 +118,8 @@ class EngineJudgeClient:
             raise InvalidConfigError(
                 "a judge call on the run's engines needs its call id (its execution's name)"
             )
-        url = self.endpoint
+        base = self._proxy_url()
+        url = self._endpoint = f"{base.rstrip('/')}/v1/chat/completions" if base else ""
         if not url:
             raise EvaluatorFailure(
                 f"the proxy of run {base_run(self._side)} has not registered its address yet"
