@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 from rich.live import Live
 from rich.table import Table
 
@@ -63,7 +64,7 @@ from gyre_tools.run_config import (
     to_toml,
 )
 from gyre_tools.run_outputs import cell_time_summary, publications_from_log, write_outputs
-from gyre_tools.run_steps import StepFollower, TensorBoardSteps, step_line
+from gyre_tools.run_steps import StepFollower, TensorBoardSteps, WandbSteps, metric_sinks, step_line
 from gyre_tools.warmstart import ensure_policy
 from gyre_train import GyreTrainError
 from gyre_train.tasks import defined_tasks
@@ -76,7 +77,12 @@ def register(subparsers: Any) -> None:
         add_store_arguments(parser)
         parser.add_argument("--json", type=Path, help="write the run's figures here as JSON")
         add_env_argument(
-            parser, "--metrics", "GYRE_RUN_METRICS", default="tensorboard", help="tensorboard or none"
+            parser,
+            "--metrics",
+            "GYRE_RUN_METRICS",
+            default="tensorboard",
+            help="where each step's scalars go as it lands: tensorboard, wandb (online when W&B is "
+            "configured, else offline), both (tensorboard,wandb) or none",
         )
         parser.add_argument("--quiet", action="store_true", help="no live view")
     add_env_argument(run, "--config", "GYRE_RUN_CONFIG", help="the run's TOML file (see --write-config)")
@@ -104,12 +110,17 @@ def run_command(args: argparse.Namespace) -> int:
         config = read_config(Path(args.config), policy=policy)
     else:
         config = parse_config(to_toml(DEMO), where="the demo's config", policy=policy) if policy else DEMO
+    try:
+        sinks = metric_sinks(args.metrics)
+    except ValueError as exc:
+        console.print(f"[red]gyre run: {exc}[/red]")
+        return 2
     check_environment(config)  # e.g. SGLang's environment, before anything starts
     started = time.monotonic()
     register_sched_events()
     # SIGTERM ends the run as Ctrl-C does: the processes are stopped and the report written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with open_store(args, with_redis=True) as opened:
+    with open_store(args, with_redis=True) as opened, contextlib.ExitStack() as sinks_open:
         run = LiveRun(opened.log, config, Path(args.data_dir), args.run_id or config.run_id or None)
         run.phases["store"] = time.monotonic() - started  # embedded servers started (or connected)
         env = {
@@ -126,10 +137,14 @@ def run_command(args: argparse.Namespace) -> int:
                 f"{policy!r}: a continued run keeps its recorded configuration[/red]"
             )
             return 2
+        if "wandb" in sinks:  # open before the processes start: a W&B that cannot start stops nothing
+            run.wandb = sinks_open.enter_context(
+                WandbSteps(Path(run.config.run_dir), run.run_id, msgspec.to_builtins(run.config))
+            )
         try:
             with run.phase("start"):
                 run.start(env)
-            run.follow(live_view=not args.quiet, metrics=args.metrics)
+            run.follow(live_view=not args.quiet, sinks=sinks)
         except RunFailed as exc:
             run.failed = str(exc)
         finally:
@@ -141,9 +156,21 @@ def run_command(args: argparse.Namespace) -> int:
                 report,
                 run.config,
                 Path(run.config.run_dir),
-                metrics=args.metrics,
+                tensorboard="tensorboard" in sinks,
                 written=frozenset(run.written_steps),
             )
+            if run.wandb is not None:
+                for step in report.steps:  # any step the run did not log as it landed
+                    run.wandb.write(step)
+                ev = summary["eval"]
+                run.wandb.summarize(
+                    {
+                        "eval/pass_rate_before": ev["pass_rate_before"],
+                        "eval/pass_rate_after": ev["pass_rate_after"],
+                        "reward/gain": summary["reward"]["gain"],
+                    }
+                )
+                summary["wandb"] = {"mode": run.wandb.mode, "dir": str(Path(run.config.run_dir) / "wandb")}
             summary["cell_time"] = cell_time_summary(cell_time(opened.log, run.run_id))
             summary["publications"] = publications_from_log(opened.log, run.run_id)
         summary["phases_s"] = {name: round(seconds, 1) for name, seconds in run.phases.items()}
@@ -176,6 +203,7 @@ class LiveRun:
     _lifecycle: Lifecycle = field(default_factory=lambda: Lifecycle(""))
     phases: dict[str, float] = field(default_factory=dict)  # seconds each phase of gyre run took
     written_steps: set[int] = field(default_factory=set)  # steps whose TensorBoard scalars follow() wrote
+    wandb: WandbSteps | None = None  # with --metrics wandb: the W&B run each step is logged to
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -421,10 +449,10 @@ class LiveRun:
 
     # -- the run -----------------------------------------------------------------------------------
 
-    def follow(self, *, live_view: bool, metrics: str = "none") -> None:
+    def follow(self, *, live_view: bool, sinks: frozenset[str] = frozenset()) -> None:
         """Record ``run.started`` and follow the run to its last publication: the live table on a
-        terminal (``live_view``), one line per step as it lands off one, and each step's
-        TensorBoard scalars as it lands (``metrics`` "tensorboard")."""
+        terminal (``live_view``), one line per step as it lands off one, and each step's scalars
+        as it lands: TensorBoard (``sinks`` has "tensorboard") and W&B (``self.wandb``)."""
         c = self.config
         if c.eval.heldout:
             with self.phase("held-out before"):
@@ -446,7 +474,7 @@ class LiveRun:
         lines = not console.is_terminal  # a log file or a pipe: one line per step
         board = (
             TensorBoardSteps(Path(c.run_dir) / "tensorboard")
-            if metrics == "tensorboard"
+            if "tensorboard" in sinks
             else contextlib.nullcontext()
         )
 
@@ -457,6 +485,8 @@ class LiveRun:
                 if isinstance(board, TensorBoardSteps):
                     board.write(step)
                     self.written_steps.add(step.step)
+                if self.wandb is not None:
+                    self.wandb.write(step)
 
         with (
             self.phase("steps"),

@@ -165,16 +165,16 @@ def write_outputs(
     config: RunConfig,
     run_dir: Path,
     *,
-    metrics: str,
+    tensorboard: bool,
     written: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
-    """Write the plots (and TensorBoard events when ``metrics`` asks, but for the steps in
+    """Write the plots (and TensorBoard events when ``tensorboard``, but for the steps in
     ``written``, whose scalars were written as they landed) under ``run_dir``; return the JSON
-    summary with the paths written."""
+    summary with the paths written. (W&B is logged while the run runs: ``WandbSteps``.)"""
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = summary_of(report, config)
     summary["plots"] = _plots(report, config, run_dir)
-    if metrics == "tensorboard":
+    if tensorboard:
         summary["tensorboard"] = _tensorboard(report, summary, run_dir / "tensorboard", written)
     return summary
 
@@ -264,17 +264,4 @@ def _tensorboard(report: RunReport, summary: dict[str, Any], folder: Path, writt
         for key in ("pass_rate_before", "pass_rate_after"):
             if ev[key] is not None:
                 writer.add_scalar(f"eval/{key}", ev[key], 0)
-    _wandb(summary, folder.parent)
     return str(folder)
-
-
-def _wandb(summary: dict[str, Any], run_dir: Path) -> None:
-    """Weights & Biases in offline mode, when it is installed (never required)."""
-    try:
-        import wandb  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    run = wandb.init(project="gyre", name=summary["run_id"], dir=str(run_dir), mode="offline", config=summary)
-    for step in summary["steps"]:
-        run.log({k: v for k, v in step.items() if isinstance(v, int | float)}, step=step["step"])
-    run.finish()

@@ -4,17 +4,51 @@
 run's is new, it reads the run's figures from the log (``run_report``) and hands back the steps
 it has not handed back before. ``step_line`` is the one line ``gyre run`` prints per step off a
 terminal; ``TensorBoardSteps`` writes a step's scalars as it lands, so a run of days has its
-curves while it runs. The report phase writes what the run did not (``run_outputs.py``).
+curves while it runs, and ``WandbSteps`` logs them to Weights & Biases as they land (online
+when W&B is configured, offline otherwise). The report phase writes what the run did not
+(``run_outputs.py``).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from gyre_store import EventLog, StepFigures, read_to_head, run_report
+
+METRIC_SINKS = ("tensorboard", "wandb")  # gyre run --metrics: a comma-separated choice, or "none"
+
+
+def metric_sinks(spec: str) -> frozenset[str]:
+    """``--metrics`` as a set: ``"tensorboard,wandb"``, ``"wandb"``, ``"none"`` (empty).
+    Raises ValueError naming what is allowed."""
+    names = {n.strip() for n in spec.split(",") if n.strip()}
+    if names == {"none"} or not names:
+        return frozenset()
+    unknown = names - set(METRIC_SINKS)
+    if unknown:
+        raise ValueError(
+            f"--metrics: unknown {sorted(unknown)}; use none or any of {', '.join(METRIC_SINKS)}"
+        )
+    return frozenset(names)
+
+
+def wandb_mode(environ: dict[str, str] | None = None) -> str:
+    """Online when W&B is configured (``WANDB_API_KEY``, or ``WANDB_MODE`` itself), else offline."""
+    env = os.environ if environ is None else environ
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"]
+    return "online" if env.get("WANDB_API_KEY") else "offline"
+
+
+def wandb_run_id(run_id: str) -> str:
+    """The W&B run id of gyre run ``run_id`` (W&B ids take no ``/ \\ # ? % :``): the same in
+    every life of the run, so a continued run logs to the same W&B run."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[:128]
 
 
 class StepFollower:
@@ -100,3 +134,58 @@ class TensorBoardSteps:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._events.close()
+
+
+class WandbSteps:
+    """Each step's scalars logged to Weights & Biases as it lands (``run.log(..., step=N)``),
+    in a W&B run of the gyre run's id under ``run_dir/wandb``: online when W&B is configured
+    (``WANDB_API_KEY`` or ``WANDB_MODE``), offline otherwise (``wandb sync`` uploads it later).
+    The project is ``WANDB_PROJECT`` (default ``gyre``). A step already logged (by an earlier
+    life of the run) is not logged again: W&B keeps a run's steps increasing."""
+
+    def __init__(self, run_dir: Path, run_id: str, config: dict[str, Any]) -> None:
+        self.run_dir, self.run_id, self.config = run_dir, run_id, config
+        self.written: set[int] = set()
+        self.mode = wandb_mode()
+        self._run: Any = None
+        self._last = -1
+        self._pending: dict[str, float] = {}
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._pending[tag] = value
+
+    def write(self, step: StepFigures) -> None:
+        if step.step <= self._last:
+            return
+        self._pending = {}
+        step_scalars(self, step)
+        self._run.log(self._pending, step=step.step)
+        self._last = step.step
+        self.written.add(step.step)
+
+    def summarize(self, values: dict[str, float | None]) -> None:
+        """Figures of the whole run (the report phase's held-out pass rates), in the run's summary."""
+        for key, value in values.items():
+            if value is not None:
+                self._run.summary[key] = value
+
+    def __enter__(self) -> Self:
+        import wandb  # the wandb extra
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "gyre"),
+            name=self.run_id,
+            id=wandb_run_id(self.run_id),
+            resume="allow",
+            dir=str(self.run_dir),
+            mode=self.mode,  # type: ignore[arg-type]
+            config=self.config,
+        )
+        self._last = int(getattr(self._run, "step", 0) or 0) - 1  # a resumed run's next step
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._run.finish(exit_code=0 if et is None else 1)

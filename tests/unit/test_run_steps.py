@@ -131,5 +131,5 @@ def test_the_report_phase_writes_only_the_steps_not_written_live(tmp_path: Path)
     close_step(log, 0, [reward], dispatched_at=0)
     close_step(log, 1, [reward], dispatched_at=1)
     report = run_report(log, RUN, phi=0.5, mu=1)
-    write_outputs(report, DEMO, tmp_path, metrics="tensorboard", written=frozenset({0}))
+    write_outputs(report, DEMO, tmp_path, tensorboard=True, written=frozenset({0}))
     assert scalars(tmp_path / "tensorboard")["reward/mean"] == {1: reward}
