@@ -1,5 +1,5 @@
 """``gyre ui`` in headless Chromium on a finished short run: go run, step, execution, tree node,
-and find on the pages the figures of the run's JSON report.
+and find on the pages the figures of the run's JSON report; then see an open page follow the log.
 
 The run is `gyre run` with two steps of one group of two executions (an untrained policy), the
 view is `gyre ui` as a user starts it, and Chromium is Debian's, driven by Selenium through
@@ -9,21 +9,14 @@ chromium-driver. Fails when either is missing; ``GYRE_TEST_SKIP_BROWSER=1`` skip
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env
+from tests.acceptance.processes import gyre_process, gyre_run, live_run_env
 from tests.real_servers import require
 
 pytestmark = pytest.mark.timeout(600)
@@ -50,12 +43,6 @@ budget_s = 150
 """
 STEP_KEYS = ("policy_version", "mean_reward", "groups", "executions", "admitted_trajectories",
              "trainable_tokens", "loss", "grad_norm", "staleness_mean", "wall_s")  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _browser_missing() -> str | None:
@@ -86,29 +73,9 @@ def finished_run(
 @pytest.fixture(scope="module")
 def ui(finished_run: tuple[str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url, _ = finished_run
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
-    log = (tmp_path_factory.mktemp("ui-log") / "ui.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gyre_tools.cli", "ui", "--database-url", url, "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/api/head", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
-            time.sleep(0.3)
+    log = tmp_path_factory.mktemp("ui-log") / "ui.log"
+    with gyre_process(["ui", "--database-url", url], log) as (base, _):
         yield base
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,10 @@ def create_app(
     def head() -> JSONResponse:
         return JSONResponse({"head": log.head()})
 
+    @app.get("/health")
+    def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, at: int | None = None) -> HTMLResponse:
         lv = at_position(log, at)
