@@ -321,17 +321,19 @@ class MegatronBackend:
         kept = torch.load(path, weights_only=True)
         shards = kept.get("megatron") if isinstance(kept, dict) else None
         key = self._layout_key()
-        if not isinstance(shards, dict) or key not in shards:
+        layout = (self.tensor_parallel_size, self.pipeline_parallel_size)
+        if not isinstance(shards, dict) or key not in shards or kept.get("layout") != list(layout):
             raise InvalidConfigError(
-                f"{path} holds no Megatron optimizer state for shard {key} "
-                f"(TP={self.tensor_parallel_size}, PP={self.pipeline_parallel_size})"
+                f"{path} holds no Megatron optimizer state for shard {key} of TP={layout[0]}, "
+                f"PP={layout[1]} (a kept state is not resharded)"
             )
         return shards[key]
 
     def gathered_training_state(self) -> dict[str, Any] | None:
-        """Every shard's optimizer state, `{"megatron": {"tp<t>-pp<p>": state_dict}}`, on every
-        rank (collective over the model-parallel group); None before any update or kept state.
-        A core resumed with the same TP and PP takes its shard's back (`state_path`)."""
+        """Every shard's optimizer state on every rank (collective over the model-parallel
+        group): `{"megatron": {"tp<t>-pp<p>": state_dict}, "layout": [TP, PP]}`; None before
+        any update or kept state. A core resumed with the same TP and PP takes its shard's back
+        (`state_path`)."""
         if self._ddp is not None:
             raise InvalidConfigError("the distributed optimizer's state is not kept with a publication")
         if self._optimizer is None and self.optimizer_config.state_path is None:
@@ -342,7 +344,7 @@ class MegatronBackend:
         mine = (self._layout_key(), self._optimizer.state_dict())
         parts: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(parts, mine, group=group)
-        return {"megatron": dict(parts)}
+        return {"megatron": dict(parts), "layout": [self.tensor_parallel_size, self.pipeline_parallel_size]}
 
     def optimizer_state_numel(self) -> int:
         """Values of optimizer state (moments) this rank holds; 0 before the first update."""

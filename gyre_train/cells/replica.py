@@ -38,7 +38,7 @@ from gyre_train.backends import (
 from gyre_train.cells.board import SnapshotBoard, SnapshotDescriptor
 from gyre_train.cells.local import gradient_share, ratio_share
 from gyre_train.cells.membership import CORE, ReducePlan
-from gyre_train.cells.publish import WeightPublisher
+from gyre_train.cells.publish import PublishableModel, WeightPublisher
 from gyre_train.cells.transport import WeightTransport, wait_for_snapshot
 from gyre_train.cells.wire import RatioShare
 from gyre_train.exceptions import InvalidConfigError
@@ -314,8 +314,9 @@ class Replica:
         self._run("save_gradient", str(directory), policy_version)
 
     def publish(self, publisher: WeightPublisher, policy_version: int) -> None:
-        if isinstance(self.backend, FsdpBackend):
-            # Followers only take part in the gather: the publisher (the leader's) stays here.
+        if isinstance(self.backend, FsdpBackend | MegatronBackend):
+            # Followers only take part in the gather: the publisher (the leader's, which may not
+            # pickle: a live run's holds its engines' clients) stays here.
             self._publisher = publisher
             self._run("publish_gathered", policy_version)
             return
@@ -420,19 +421,18 @@ class Replica:
             torch.save(self._reduced.clone(), target)
 
     def _publish(self, publisher: WeightPublisher, policy_version: int) -> None:
+        publisher.publish(self.backend, policy_version)
+
+    def _publish_gathered(self, policy_version: int) -> None:
+        gathered: PublishableModel
         if isinstance(self.backend, MegatronBackend):
             # Engines serve Hugging Face models: the whole model, gathered, as the checkpoint's
             # architecture (or a GPT-2), with every shard's optimizer state for a resumed core.
             named = self.backend.full_named_tensors()  # collective over the cell
             kept = self.backend.gathered_training_state()  # collective over the cell
-            if self.layout.leads:
-                exported = dataclasses.replace(export_model(self.backend.spec, named), training_state=kept)
-                publisher.publish(exported, policy_version)
-            return
-        publisher.publish(self.backend, policy_version)
-
-    def _publish_gathered(self, policy_version: int) -> None:
-        gathered = cast(FsdpBackend, self.backend).gathered()  # collective over the cell
+            gathered = dataclasses.replace(export_model(self.backend.spec, named), training_state=kept)
+        else:
+            gathered = cast(FsdpBackend, self.backend).gathered()  # collective over the cell
         if self.layout.leads:
             assert self._publisher is not None  # set by publish() on the leader
             self._publisher.publish(gathered, policy_version)

@@ -22,7 +22,14 @@ import torch.multiprocessing as mp
 
 from gyre_proxy.engines.refengine import free_port
 from gyre_train.backends import ModelSpec, OptimizerConfig, TorchBackend
-from gyre_train.cells import SyntheticBatchConfig, gradient_share, merge_shares, ratio_share, synthetic_batch
+from gyre_train.cells import (
+    TINY_QWEN3,
+    SyntheticBatchConfig,
+    gradient_share,
+    merge_shares,
+    ratio_share,
+    synthetic_batch,
+)
 from gyre_train.objective import LossConfig
 from tests.integration.train_stream.gloo import gloo_world
 from tests.real_servers import megatron_missing, require
@@ -35,19 +42,8 @@ LOSS = LossConfig(clip_low=0.01, clip_high=100.0)  # wide: every execution contr
 SGD = OptimizerConfig(kind="sgd", lr=20.0, max_grad_norm=0.0)
 ADAMW = OptimizerConfig(lr=1e-2, max_grad_norm=1.0)  # its moments are what a resumed core keeps
 BATCHES = 3
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 256,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 512,
-    "rope_theta": 1_000_000.0,
-    "rms_norm_eps": 1e-6,
-}
+# gyre's tiny Qwen3 with rotary and norm settings unlike the defaults, so a dropped one shows.
+TINY = {**TINY_QWEN3, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6}
 # (checkpoint, TP, PP) of each Megatron world.
 LAYOUTS = {"tp2": ("tied", 2, 1), "pp2": ("untied", 1, 2)}
 # Float32 rounding is all that may differ: Megatron sums TP shards' partial products in another
@@ -65,8 +61,8 @@ def write_tiny(folder: Path, *, tied: bool, seed: int = 5) -> Path:
     """A save_pretrained Qwen3 of TINY's shape, random weights from `seed`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    values = dict(TINY)
-    config = AutoConfig.for_model(values.pop("model_type"), tie_word_embeddings=tied, **values)
+    values = {**TINY, "tie_word_embeddings": tied}
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
     torch.manual_seed(seed)
     model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     with torch.no_grad():  # norms away from 1, so a misplaced norm weight shows
