@@ -28,6 +28,7 @@ from gyre_train.backends.pytorch import (
     build_model,
     enable_activation_checkpointing,
     make_optimizer,
+    read_whole,
     write_whole,
 )
 from gyre_train.exceptions import InvalidConfigError
@@ -225,11 +226,8 @@ class FsdpBackend(TorchBackend):
     def _make_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer, resumed from a whole (unsharded-layout) state: each rank keeps its shard."""
         optimizer = make_optimizer(self._params, self.optimizer_config)
-        path = self.optimizer_config.state_path
-        if path is not None:
-            if not Path(path).is_file():
-                raise InvalidConfigError(f"no optimizer state at {path}")
-            whole = torch.load(path, weights_only=True)
+        if self.optimizer_config.state_path is not None:
+            whole = read_whole(self.optimizer_config.state_path)
             for key, moments in whole["state"].items():
                 p = cast(DTensor, self._params[int(key)])
                 for name, value in moments.items():

@@ -166,6 +166,14 @@ def write_whole(state: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def read_whole(path: Path) -> dict[str, Any]:
+    """What ``write_whole`` wrote (an optimizer's state); raises InvalidConfigError when absent."""
+    if not Path(path).is_file():
+        raise InvalidConfigError(f"no optimizer state at {path}")
+    state: dict[str, Any] = torch.load(path, weights_only=True)
+    return state
+
+
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant: it composes with
     FSDP's hooks, which all-gather a layer's weights again for the recomputation)."""
@@ -247,11 +255,8 @@ class TorchBackend:
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         optimizer = make_optimizer(self._params, self.optimizer_config)
-        path = self.optimizer_config.state_path
-        if path is not None:
-            if not Path(path).is_file():
-                raise InvalidConfigError(f"no optimizer state at {path}")
-            optimizer.load_state_dict(torch.load(path, weights_only=True))
+        if self.optimizer_config.state_path is not None:
+            optimizer.load_state_dict(read_whole(self.optimizer_config.state_path))
         return optimizer
 
     def save_training_state(self, path: Path) -> Path | None:
