@@ -18,6 +18,7 @@ import pytest
 
 from tests.acceptance.conftest import assert_replay_clean, gyre
 from tests.acceptance.processes import gyre_run, live_run_env
+from tests.wandb_files import history, key_of, whole_records
 
 pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
 
@@ -60,8 +61,8 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, acceptance_template: str)
     folder = tmp_path_factory.mktemp("live")
     (folder / "run.toml").write_text(CONFIG)
     with pg.database_from(acceptance_template) as url:
-        env = live_run_env(url, folder / "data")
-        out = gyre_run(folder, env)
+        env = live_run_env(url, folder / "data", WANDB_SILENT="true")
+        out = gyre_run(folder, env, "--metrics", "tensorboard,wandb")
         summary = json.loads((folder / "run.json").read_text())
         caught_up = gyre("projections", "catch-up", env=env)  # every projection, as an auditor would
         assert caught_up.returncode == 0, caught_up.stderr
@@ -93,6 +94,21 @@ def test_the_run_json_has_every_documented_figure(live_run: Run) -> None:
     for plot in s["plots"].values():
         assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(Path(s["tensorboard"]).glob("events.out.tfevents.*"))
+    # --metrics tensorboard,wandb: each step went to W&B as well, offline (W&B not configured).
+    assert s["wandb"]["mode"] == "offline"
+    [run_file] = Path(s["wandb"]["dir"]).glob("offline-run-*/run-*.wandb")
+    records = whole_records(run_file)
+    logged = history(records)
+    assert sorted(logged) == [0, 1]
+    for step in s["steps"]:
+        assert float(logged[step["step"]]["reward/mean"]) == pytest.approx(step["mean_reward"])
+    summary = {
+        key_of(i): i.value_json
+        for r in records
+        if r.WhichOneof("record_type") == "summary"
+        for i in r.summary.update
+    }
+    assert float(summary["eval/pass_rate_after"]) == pytest.approx(s["eval"]["pass_rate_after"])
     # Where the cells' time went: one trainer cell and two engines, each split in full.
     cells = s["cell_time"]
     assert 0.0 < cells["trainer_useful_fraction"] < 1.0
