@@ -581,6 +581,16 @@ def run_phase(
     parts = {k: cpu1.parts[k] - cpu0.parts[k] for k in cpu0.parts}
     parts["harness"] = sum(harness_cpu.values()) - sum(harness0.values())
     idle = (cpu1.idle - cpu0.idle) / max(1, cpu1.total - cpu0.total)
+    merged = merge(results)
+    xs = sorted(merged.overhead_ms) or [float("nan")]
+    calls = sum(merged.answered.values())
+    console.print(
+        f"  {name}: {calls / elapsed:.1f} calls/s answered in {elapsed:.0f} s, {merged.output_tokens / elapsed:,.0f} "
+        f"tokens/s, overhead p50 {xs[len(xs) // 2]:.1f} ms p99 {xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.1f} ms, "
+        f"refused {merged.refused}, errors {len(merged.errors)}, CPU s/s "
+        + ", ".join(f"{k} {v / elapsed:.2f}" for k, v in parts.items())
+        + f", idle {idle:.0%}"
+    )
     return Phase(
         name,
         executions,
