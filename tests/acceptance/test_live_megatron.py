@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.acceptance.live_checks import assert_every_step_trains_once, reward_gain, run_live
+from tests.acceptance.live_checks import SHORT_RUN, assert_every_step_trains_once, reward_gain, run_live
 from tests.real_servers import megatron_missing, require
 
 pytestmark = pytest.mark.timeout(1800)
@@ -33,28 +33,7 @@ backend = "megatron"
 tp = 2
 """
 
-CI_CONFIG = (
-    """
-seed = 3
-steps = 2
-policy = "async"
-B = 2
-N = 2
-cells = 1
-rollout_engines = 1
-engine_capacity = 4
-[model]
-init = "random"
-max_tokens = 32
-[tasks]
-train = 8
-heldout = 3
-budget_s = 150
-[eval]
-heldout = false
-"""
-    + MEGATRON
-)
+CI_CONFIG = SHORT_RUN + MEGATRON
 
 
 @pytest.fixture(autouse=True)
