@@ -47,6 +47,7 @@ error type, and ``gyre_proxy.api.errors`` writes them in each API's wire shape. 
           ├── InvalidRequest      400 invalid_request_error (both)
           │    └── ContextTooLong 400, OpenAI code context_length_exceeded
           ├── Unauthorized        401 authentication_error  / invalid_api_key
+          ├── SnapshotRefused     403 permission_error      / snapshot_refused
           ├── NotFound            404 not_found_error
           ├── RequestTooLarge     413 request_too_large
           ├── RateLimited         429 rate_limit_error      / rate_limit_exceeded
@@ -313,6 +314,16 @@ class Unauthorized(ApiError):
     openai_status = 401
     openai_type = "invalid_request_error"
     openai_code = "invalid_api_key"
+
+
+class SnapshotRefused(ApiError):
+    """An evaluation was asked of a location that is not the execution's own snapshot."""
+
+    anthropic_status = 403
+    anthropic_type = "permission_error"
+    openai_status = 403
+    openai_type = "invalid_request_error"
+    openai_code = "snapshot_refused"
 
 
 class NotFound(ApiError):

@@ -41,7 +41,7 @@ from gyre_proxy.launch.liveness import Liveness
 from gyre_proxy.launch.placement import Placement
 from gyre_proxy.launch.processes import HarnessProcess, Starter
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
-from gyre_proxy.service import issue_key, revoke_key
+from gyre_proxy.service import SNAPSHOTS, issue_key, revoke_key
 from gyre_store import (
     ArtifactPreserved,
     ExecutionFinished,
@@ -265,6 +265,7 @@ class Launcher:
             run_id=request.run_id,
             engine=request.engine,
             launcher=self.config.name,
+            folder=str((self.config.root / safe_name(request.execution_id)).absolute()),
         )
         [result] = self.log.append([NewEvent(started, f"started:{request.execution_id}", metadata=meta)])
         if result.duplicate:
@@ -330,7 +331,7 @@ class Launcher:
                 | {
                     "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
                     "GYRE_EXECUTION_KEY": api_key,
-                    "GYRE_SNAPSHOTS": str(dirs.root / "snapshots"),
+                    "GYRE_SNAPSHOTS": str(dirs.root.absolute() / SNAPSHOTS),
                 }
                 | dict(spec.env)
             )

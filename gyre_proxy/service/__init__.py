@@ -7,6 +7,7 @@ part does is in its own subpackage.
 from __future__ import annotations
 
 from gyre_proxy.service.capacity import InFlightLimit
+from gyre_proxy.service.evaluations import SNAPSHOTS
 from gyre_proxy.service.keys import StoreKeys, issue_key, key_hash, revoke_key
 from gyre_proxy.service.metrics import OVERHEAD_HEADER, ProxyMetrics, metered
 from gyre_proxy.service.proxy_service import WORKER_HEADER, ProxyConfig, ProxyService
@@ -14,6 +15,7 @@ from gyre_proxy.service.workers import WorkerSync, WorkerTable
 
 __all__ = [
     "OVERHEAD_HEADER",
+    "SNAPSHOTS",
     "WORKER_HEADER",
     "InFlightLimit",
     "ProxyConfig",

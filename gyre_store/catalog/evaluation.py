@@ -101,6 +101,19 @@ class EvaluationFailed(Event, frozen=True, kw_only=True):
     detail: str = ""
 
 
+@REGISTRY.register("evaluation.refused", stream="evaluation", key="execution_id")
+class EvaluationRefused(Event, frozen=True, kw_only=True):
+    """An execution's ask for an evaluation that was refused before anything was read: it named
+    a ``location`` other than the snapshot folder the run recorded for it (``reason`` says
+    which). Nothing is preserved or evaluated; the execution goes on."""
+
+    execution_id: Ident
+    run_id: Ident
+    artifact_version: str = ""
+    location: str = ""
+    reason: str
+
+
 @REGISTRY.register("reward.assigned", stream="evaluation", key="execution_id")
 class RewardAssigned(Event, frozen=True, kw_only=True):
     """The execution's reward is the score of ``evaluation_id`` (never time, length or status)."""

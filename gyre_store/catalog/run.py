@@ -76,6 +76,9 @@ class ExecutionStarted(Event, frozen=True, kw_only=True):
     run_id: Ident
     engine: str
     launcher: str = ""  # the launcher that took it (its --name, the host's name by default)
+    # Its folder on that launcher's machine (absolute): the workspace, and the snapshots its
+    # intermediate evaluations may name (``<folder>/snapshots/<version>``, nothing else).
+    folder: str = ""
 
 
 @REGISTRY.register("execution.finished", stream="execution", key="execution_id")
