@@ -98,8 +98,9 @@ def test_every_api_reports_its_overhead_in_a_header_and_the_histogram(proxy: Pro
         wall_ms = (time.perf_counter() - began) * 1e3
         ms = overhead_ms(headers)
         assert ms >= 0
-        if not stream:  # the whole answer's engine wait is left out of a response sent whole
-            assert ms + engine_s * 1e3 <= wall_ms, (api, ms, wall_ms)
+        # A response sent whole leaves the answer's engine wait out; a streamed one sends its
+        # header before the engine is asked, and the answer takes the engine's pace after it.
+        assert ms + engine_s * 1e3 <= wall_ms, (api, stream, ms, wall_ms)
         seen.setdefault((api, "true" if stream else "false"), []).append(ms)
 
     began = time.perf_counter()
@@ -112,9 +113,6 @@ def test_every_api_reports_its_overhead_in_a_header_and_the_histogram(proxy: Pro
         headers = stream.response.headers
         assert stream.get_final_text() == ANSWER
     note("anthropic_messages", True, headers, began)
-    # A streamed response's header goes out before the engine is asked: it is no more than
-    # the time to the first byte, which is under one engine step here.
-    assert overhead_ms(headers) < STEP_S * 1e3
 
     gpt_key = issue_key(proxy.log, execution_id="ex2", run_id="run1", harness="claude-code")
     gpt = openai.OpenAI(base_url=f"{base}/v1", api_key=gpt_key, max_retries=0)
