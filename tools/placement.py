@@ -8,6 +8,7 @@ built, as its tests): the workspace writable at the task's working directory, a
 private HOME at ``/home/agent``, the harness's program read-only, the environment the harness
 needs and nothing of the launcher's, limits on processes, file size and CPU time, and one
 network route: the proxy's port, relayed through a unix socket (``gyre_train.sandbox.relay``).
+The execution's snapshots folder is writable at ``/gyre/snapshots``, for ``.gyre/evaluate``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gyre_proxy.harness import LaunchSpec
-from gyre_proxy.launch import ExecutionDirs, LaunchError, Placed
+from gyre_proxy.launch import SANDBOX_SNAPSHOTS, ExecutionDirs, LaunchError, Placed
 from gyre_store import TaskDefined
 from gyre_train import GyreTrainError
 from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, UnixRelay, sandbox_for
@@ -98,6 +99,9 @@ class SandboxPlacement:
             Bind(dirs.home, str(home), writable=True),
             *binds,
         ]
+        snapshots = dirs.root / "snapshots"
+        if snapshots.is_dir():  # intermediate evaluations (.gyre/evaluate) write their snapshots here
+            binds.append(Bind(snapshots, SANDBOX_SNAPSHOTS, writable=True))
         try:
             prepared = sandbox.prepare(
                 argv, workdir=str(workdir), name=name, binds=binds, env=env, limits=limits, route=self._route

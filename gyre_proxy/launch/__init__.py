@@ -9,11 +9,12 @@ from __future__ import annotations
 from gyre_proxy.exceptions import LaunchError
 from gyre_proxy.launch.launcher import FOLLOWED, Launcher, LauncherConfig, Running, default_root
 from gyre_proxy.launch.liveness import Liveness, RedisLiveness
-from gyre_proxy.launch.placement import Placed, Placement
+from gyre_proxy.launch.placement import SANDBOX_SNAPSHOTS, Placed, Placement
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 
 __all__ = [
     "FOLLOWED",
+    "SANDBOX_SNAPSHOTS",
     "ExecutionDirs",
     "LaunchError",
     "Launcher",

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre_proxy.exceptions import HarnessError, LaunchError
-from gyre_proxy.harness import HarnessPlugin, Launch, LaunchSpec, plugin_for
+from gyre_proxy.harness import CODEX_KEY_ENV, HarnessPlugin, Launch, LaunchSpec, plugin_for
 from gyre_proxy.launch.evaluate_command import install as install_evaluate_command
 from gyre_proxy.launch.liveness import Liveness
-from gyre_proxy.launch.placement import Placement
+from gyre_proxy.launch.placement import SANDBOX_SNAPSHOTS, Placement
 from gyre_proxy.launch.processes import HarnessProcess, Starter
 from gyre_proxy.launch.workspace import ExecutionDirs, artifact_version, prepare, safe_name
 from gyre_proxy.service import SNAPSHOTS, issue_key, revoke_key
@@ -316,11 +316,22 @@ class Launcher:
         launch = Launch(workspace, home, task.prompt, self.config.proxy_url, api_key, self.config.model)
         spec = self.plugin.launch_spec(launch)
         cleanup = _nothing
+        # Intermediate evaluations (.gyre/evaluate): snapshots go to the execution's snapshots
+        # folder, the only location the proxy evaluates for it.
+        snapshots = dirs.root.absolute() / SNAPSHOTS
+        evaluate_url = self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate"
         if sandboxed:
-            # In a sandbox the harness gets its own environment only; intermediate evaluations
-            # (.gyre/evaluate) need the launcher's folders and are not offered there.
+            # In a sandbox the harness gets its own environment only (no GYRE_ setting but its
+            # key): the command reads where to post and write from .gyre/evaluate.json, and the
+            # placement binds the snapshots folder writable at SANDBOX_SNAPSHOTS.
             assert placement is not None
-            placed = placement.place(spec, task, dirs, safe_name(request.execution_id))
+            snapshots.mkdir(exist_ok=True)
+            install_evaluate_command(
+                dirs.workspace, url=evaluate_url, snapshots=SANDBOX_SNAPSHOTS, recorded=str(snapshots)
+            )
+            # The one GYRE_ name a sandbox passes on: the execution's key (Codex's name for it).
+            keyed = LaunchSpec(spec.argv, env={CODEX_KEY_ENV: api_key} | dict(spec.env), stdin=spec.stdin)
+            placed = placement.place(keyed, task, dirs, safe_name(request.execution_id))
             cleanup = placed.cleanup
             spec = LaunchSpec(placed.argv, stdin=spec.stdin)
             env = dict(placed.env)
@@ -329,9 +340,9 @@ class Launcher:
             env = (
                 {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
                 | {
-                    "GYRE_EVALUATE_URL": self.config.proxy_url.rstrip("/") + "/gyre/v1/evaluate",
+                    "GYRE_EVALUATE_URL": evaluate_url,
                     "GYRE_EXECUTION_KEY": api_key,
-                    "GYRE_SNAPSHOTS": str(dirs.root.absolute() / SNAPSHOTS),
+                    "GYRE_SNAPSHOTS": str(snapshots),
                 }
                 | dict(spec.env)
             )

@@ -19,6 +19,10 @@ from gyre_proxy.harness import LaunchSpec
 from gyre_proxy.launch.workspace import ExecutionDirs
 from gyre_store import TaskDefined
 
+# Where a sandboxed harness finds its execution's snapshots folder, writable (``place`` binds
+# ``<execution folder>/snapshots`` there when it exists), for ``.gyre/evaluate``.
+SANDBOX_SNAPSHOTS = "/gyre/snapshots"
+
 
 def _nothing() -> None:
     return None

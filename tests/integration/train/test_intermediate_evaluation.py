@@ -10,15 +10,20 @@ admission never trains on them.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from gyre_proxy import ProxyConfig, ProxyService
 from gyre_proxy.engines.refengine import ModelSource, ReferenceEngineConfig, ReferenceEngineServer
 from gyre_proxy.harness import BuiltinHarness
 from gyre_proxy.launch import Launcher, LauncherConfig
 from gyre_store import (
+    ArtifactPreserved,
     EvaluationRecorded,
     EvaluationRequested,
     ExecutionFinished,
@@ -33,6 +38,7 @@ from gyre_store import (
 )
 from gyre_store.catalog import Provenance
 from gyre_store.trees import TreeProjection, TreeView
+from gyre_tools.placement import SandboxPlacement
 from gyre_train.tasks import family, instances
 from gyre_train.trajectories import stored_execution
 from tests.integration.train.launch_and_score import request_execution, run_until
@@ -54,9 +60,22 @@ SCRIPT = {
 }
 
 
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A folder the sandbox's user may pass through (pytest's own are its owner's only)."""
+    path = Path(tempfile.mkdtemp(prefix="gyre-ask-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["local", "bwrap"])
 def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
-    database_url: str, tmp_path: Path
+    database_url: str, open_tmp: Path, kind: str
 ) -> None:
+    """Under ``bwrap`` the harness runs sandboxed, writes its snapshot into the execution's
+    snapshots folder bound writable at ``/gyre/snapshots``, and asks by the host's path."""
+    tmp_path = open_tmp
     [instance] = [i for i in instances("copy-line", family("copy-line"), count=200, split=TaskSplit.TRAIN, seed=0)
                   if i.key.startswith("apple ")][:1]  # fmt: skip
     script = tmp_path / "script.json"
@@ -74,11 +93,22 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
         )
         config = ProxyConfig(engines=[("e0", engine.base_url)], harness="builtin", context_limit=8192)
         with ProxyService(log, config) as proxy:
+            placement = (
+                SandboxPlacement(kind, proxy_url=proxy.base_url, relay_dir=tmp_path / "relay")
+                if kind != "local"
+                else None
+            )
             launcher = Launcher(
                 log, LauncherConfig(run_id=RUN, proxy_url=proxy.base_url, root=tmp_path / "ws"),
-                plugin=BuiltinHarness(max_turns=5),
+                plugin=BuiltinHarness(max_turns=5), placement=placement,
             )  # fmt: skip
-            run_until(log, launcher, store, StreamId("execution", "ask-e0"), ExecutionFinished, timeout_s=180)
+            try:
+                run_until(
+                    log, launcher, store, StreamId("execution", "ask-e0"), ExecutionFinished, timeout_s=180
+                )
+            finally:
+                if placement is not None:
+                    placement.close()
             proxy.spool.flush()
 
         history = [r.event for r in log.read_stream(StreamId("evaluation", "ask-e0"))]
@@ -90,6 +120,14 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
             if isinstance(e, EvaluationRecorded) and e.artifact_version == asked.artifact_version
         )
         assert intermediate.score == 2 / 3 and "second_word" in intermediate.critique  # bound to what it saw
+        [preserved] = [
+            r.event
+            for r in log.read_stream(StreamId("artifact", "ask-e0"))
+            if isinstance(r.event, ArtifactPreserved) and r.event.artifact_version == asked.artifact_version
+        ]
+        snapshot = (tmp_path / "ws" / "ask-e0" / "snapshots" / asked.artifact_version).resolve()
+        assert preserved.location == str(snapshot)  # the folder the run recorded, on the host
+        assert (snapshot / "answer.txt").read_text() == "apple wrong\n"
 
         catch_up(log, store, TreeProjection())
         view = TreeView.load(store, "ask-e0")
