@@ -6,7 +6,8 @@ rollout engine and the core cell, all listening on every address and advertising
 B and C are namespaces of their own, reaching A only at its address on the bridge (their
 127.0.0.1 is their own): B runs `gyre node serve` with an engine and the satellite (cell 1)
 and a launcher; C runs `gyre node serve` with an engine and a launcher. The satellite finds the
-core's torch.distributed rendezvous in the log (``trainer.world_started``), claims micro-steps
+core's torch.distributed rendezvous in the log (``trainer.world_started``), reads the core's
+weights from A's memory over Mooncake (at the address the core recorded), claims micro-steps
 from Redis on A and reduces its gradients with the core over gloo, between the hosts. Once a
 step has closed and C runs executions, C's link goes down: the run must still train every
 step, with no execution lost (C's are finished by A's or B's launcher once C's launcher key
@@ -53,6 +54,7 @@ max_context = 512  # a row is about 414 tokens
 [train]
 micro_step_tokens = 512  # one row per micro-step: four per batch, for both cells to claim
 skip_zero_advantage = false  # an untrained policy scores 0: its rows still flow through the cells
+weight_transport = "mooncake"  # the satellite on B reads the core's weights from A's memory
 [tasks]
 train = 6
 heldout = 2
@@ -206,9 +208,18 @@ def test_a_run_over_three_hosts_trains_and_survives_one_host_lost(
         url_a, "SELECT body->>'dist_init' FROM gyre_events WHERE event_type = 'trainer.world_started'"
     )
     assert dist_init.startswith(f"tcp://{hosts.gateway}:"), dist_init
-    joined = _rows(url_a, "SELECT (body->>'batch')::int FROM gyre_events "
+    joined = _rows(url_a, "SELECT (body->>'batch')::int, body->>'transport' FROM gyre_events "
                           "WHERE event_type = 'train.cell_joined' AND (body->>'cell')::int = 1")  # fmt: skip
-    assert sorted(batch for (batch,) in joined) == [0, 1, 2], _logs(*folders)
+    assert sorted(batch for (batch, _) in joined) == [0, 1, 2], _logs(*folders)
+    # It pulled the core's weights on joining (batch 0) over Mooncake, from A's address: each
+    # cell's Transfer Engine is recorded at its own machine's advertised address.
+    assert {transport for (_, transport) in joined} == {"mooncake"}, joined
+    segments = dict(_rows(url_a, "SELECT (body->>'cell')::int, body->>'segment' FROM gyre_events "
+                                 "WHERE event_type = 'trainer.transport_started'"))  # fmt: skip
+    assert segments[0].startswith(f"{hosts.gateway}:") and segments[1].startswith(f"{b.address}:"), segments
+    kv_hosts = dict(_rows(url_a, "SELECT body->>'engine', body->>'kv_transfer_host' FROM gyre_events "
+                                 "WHERE event_type = 'engine.registered'"))  # fmt: skip
+    assert (kv_hosts[f"{RUN}:pool-1"], kv_hosts[f"{RUN}:pool-2"]) == (b.address, c.address), kv_hosts
     # Each micro-step counted exactly once, and the satellite's gradients reduced with the core's.
     for batch, micro_steps, cells in _rows(
         url_a,
