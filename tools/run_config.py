@@ -404,6 +404,13 @@ def _check_engines(config: RunConfig, where: str) -> None:
             f"{where}: train.weight_transport must be one of {list(WEIGHT_TRANSPORTS)}, "
             f"got {config.train.weight_transport!r}"
         )
+    t = config.train
+    ranks = t.shard_ranks if t.shard == "fsdp" else t.tp * t.pp if t.backend == "megatron" else 1
+    if t.weight_transport == "mooncake" and ranks > 1:
+        raise ConfigFileError(
+            f'{where}: train.weight_transport = "mooncake" pulls one flat snapshot per cell; a cell of '
+            f'{ranks} processes (train.shard, or train.tp x train.pp) takes its weights with "torch"'
+        )
     externals = config.externals  # each entry checked
     names = [e.name for e in externals]
     if len(set(names)) != len(names):

@@ -154,3 +154,17 @@ def test_the_weight_transport_is_read_checked_and_spelled_as_the_cells_spell_it(
     ) as caught:
         parse_config('[train]\nweight_transport = "rdma"\n', where="run.toml")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "train",
+    ['shard = "fsdp"\nshard_ranks = 2', 'backend = "megatron"\ntp = 2'],
+    ids=["fsdp", "megatron"],
+)
+def test_mooncake_weights_are_refused_for_cells_of_several_processes(train: str) -> None:
+    with pytest.raises(
+        ConfigFileError,
+        match=r'weight_transport = "mooncake" pulls one flat snapshot per cell; a cell of 2 processes',
+    ):
+        parse_config(f'[train]\nweight_transport = "mooncake"\n{train}\n', where="run.toml")
+    assert parse_config(f"[train]\n{train}\n").train.weight_transport == "torch"
