@@ -37,7 +37,13 @@ def test_the_records_behind_one_the_store_refuses_are_written(
     assert started_ids(log) == ["a", "c", "d"]
     assert spool.quarantined == 1 and spool.lost == 0 and spool.written == 3
     [letter] = DeadLetters(tmp_path / "spool" / "dead-letter.jsonl").read()
-    assert letter["body"] == {"execution_id": "b", "run_id": "r", "engine": "bad", "launcher": "", "folder": ""}
+    assert letter["body"] == {
+        "execution_id": "b",
+        "run_id": "r",
+        "engine": "bad",
+        "launcher": "",
+        "folder": "",
+    }
     assert letter["idempotency_key"] == "s:b" and "22P05" in letter["error"]
     [note] = [r.event for r in log.read(0) if isinstance(r.event, RecordQuarantined)]
     assert note.record_stream == "execution:b" and note.record_key == "s:b" and note.run_id == "r"
