@@ -234,12 +234,19 @@ def test_a_judge_pinned_to_an_engine_that_is_not_serving_is_a_recorded_failure(
     assert "no engine is accepting requests" in finished.detail
     started = log.read_stream(StreamId("execution", answered.side_execution))[0].event
     assert isinstance(started, ExecutionStarted) and started.engine == f"engine:{RUN}:pool-0"
-    # The answered call went to the pinned engine.
-    [record] = [
-        r.event
-        for r in log.read_stream(StreamId("calls", answered.side_execution))
-        if isinstance(r.event, ModelCallRecorded)
-    ]
+    # The answered call went to the pinned engine. The proxy's spool writes its record after the
+    # answer went out, so it may land a moment after the judge has its answer.
+    deadline = time.monotonic() + 30
+    while not (
+        records := [
+            r.event
+            for r in log.read_stream(StreamId("calls", answered.side_execution))
+            if isinstance(r.event, ModelCallRecorded)
+        ]
+    ):
+        assert time.monotonic() < deadline, "the judge's answered call was never recorded"
+        time.sleep(0.1)
+    [record] = records
     assert record.engine == f"{RUN}:pool-0"
 
 
