@@ -2,7 +2,9 @@
 engine's HTTP servers, for tests, demos and embedded runs.
 
 ``ServerThread`` is a context manager around one uvicorn server; ``free_port`` finds a port;
-``advertised_url`` is what other machines call for a server listening on every address.
+``advertised_url`` is what other machines call for a server listening on every address;
+``reachable_host`` is the address they reach its machine at, and ``needs_advertise_host`` says
+when a listening address names no such address.
 It imports nothing of gyre_proxy but its exceptions, so the engine layer (below the proxy)
 and the proxy's API both host their apps with it. Foreground serving stays with the callers.
 """
@@ -43,6 +45,23 @@ def reuseport_socket(host: str, port: int, *, backlog: int = 2048) -> socket.soc
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # listening on every address: not an address to call
+LOOPBACK_HOST = "127.0.0.1"
+
+
+def needs_advertise_host(host: str, advertise_host: str | None) -> bool:
+    """True when a server listening on ``host`` gives other machines no address to call:
+    ``advertise_host`` (None or empty: ``host`` itself) is a wildcard (``WILDCARD_HOSTS``).
+    Callers that must be reachable from elsewhere refuse such a pair with their own message."""
+    return (advertise_host or host) in WILDCARD_HOSTS
+
+
+def reachable_host(host: str, advertise_host: str | None) -> str:
+    """The address other machines reach this machine at, for a server listening on ``host``:
+    ``advertise_host`` when given (not None or empty), else ``host``, else, for a wildcard
+    ``host``, 127.0.0.1 (this machine only; see ``needs_advertise_host``)."""
+    if advertise_host:
+        return advertise_host
+    return LOOPBACK_HOST if host in WILDCARD_HOSTS else host
 
 
 def advertised_url(base_url: str, advertise_host: str | None) -> str:

@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from gyre_proxy.engines import WILDCARD_HOSTS, ReferenceEngineError
+    from gyre_proxy.engines import ReferenceEngineError, reachable_host
     from gyre_proxy.engines.refengine import ModelSource, MooncakeConfig, ReferenceEngineConfig, serve
 
     try:
@@ -122,9 +122,7 @@ def run_serve(args: argparse.Namespace) -> int:
         script=Path(args.script) if args.script else None,
         return_original_logprob=bool(args.return_original_logprob),
         incremental_streaming_output=bool(args.incremental_streaming_output),
-        mooncake=MooncakeConfig(
-            host=args.advertise_host or (args.host if args.host not in WILDCARD_HOSTS else "127.0.0.1")
-        ),
+        mooncake=MooncakeConfig(host=reachable_host(args.host, args.advertise_host)),
     )
     try:
         serve(config, host=args.host, port=args.port)

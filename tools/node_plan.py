@@ -22,7 +22,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from gyre_proxy.engines import WILDCARD_HOSTS, free_port
+from gyre_proxy.engines import free_port, needs_advertise_host, reachable_host
 from gyre_store import EventLog, EventMetadata, NewEvent, StreamId, TrainerWorldStarted, cell_engine_name
 from gyre_tools.run_config import CORE_CELL, RunConfig, sglang_serve_command, trainer_cells
 from gyre_tools.serve import group_source, packing
@@ -93,9 +93,9 @@ def node_plan(
             f"--trainers {trainers}: under policy {config.policy!r} the cells are also rollout engines "
             "and move between the roles together; they run on one machine (--trainers all)"
         )
-    address = advertise_host or host
-    if address in WILDCARD_HOSTS:
+    if needs_advertise_host(host, advertise_host):
         raise InvalidConfigError(f"--host {host!r} listens on every address: give --advertise-host too")
+    address = reachable_host(host, advertise_host)
     state: Path | None = None  # the core's optimizer state at the publication it resumes from
     if CORE_CELL in here:
         resume = resume_point(log, run_id, config.mu, publish_dir)

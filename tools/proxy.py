@@ -29,7 +29,7 @@ from gyre_proxy import (
     issue_key,
     reuseport_socket,
 )
-from gyre_proxy.engines import WILDCARD_HOSTS, advertised_url
+from gyre_proxy.engines import advertised_url, needs_advertise_host
 from gyre_proxy.harness import CODEX_KEY_ENV, provider_config
 from gyre_store import (
     EventLog,
@@ -218,7 +218,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise SystemExit("gyre proxy serve: --workers must be at least 1")
     if args.max_in_flight < 0 or args.retry_after < 0:
         raise SystemExit("gyre proxy serve: --max-in-flight and --retry-after must not be negative")
-    if args.run and args.host in WILDCARD_HOSTS and not args.advertise_host:
+    if args.run and needs_advertise_host(args.host, args.advertise_host):
         raise SystemExit(
             f"gyre proxy serve: --host {args.host!r} listens on every address; --advertise-host "
             "must say the one the run's launchers reach it at"

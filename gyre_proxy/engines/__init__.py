@@ -56,7 +56,13 @@ from gyre_proxy.exceptions import (
     ScriptError,
     WeightUpdateFailed,
 )
-from gyre_proxy.hosting import WILDCARD_HOSTS, advertised_url, free_port
+from gyre_proxy.hosting import (
+    WILDCARD_HOSTS,
+    advertised_url,
+    free_port,
+    needs_advertise_host,
+    reachable_host,
+)
 
 __all__ = [
     "WILDCARD_HOSTS",
@@ -105,6 +111,8 @@ __all__ = [
     "encode_markup",
     "encode_pieces",
     "free_port",
+    "needs_advertise_host",
     "qwen_tokenizer",
+    "reachable_host",
     "special_pattern",
 ]

@@ -21,7 +21,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre_proxy.engines import WILDCARD_HOSTS, SGLangServer, SGLangServerConfig, advertised_url
+from gyre_proxy.engines import (
+    SGLangServer,
+    SGLangServerConfig,
+    advertised_url,
+    needs_advertise_host,
+    reachable_host,
+)
 from gyre_proxy.engines.refengine import (
     ModelSource,
     MooncakeConfig,
@@ -77,7 +83,7 @@ class RolloutEngineConfig:
             raise InvalidConfigError(f"engine kind must be one of {list(ENGINE_KINDS)}, got {self.kind!r}")
         if self.kind == "sglang" and not self.sglang_command:
             raise InvalidConfigError(f"{self.engine}: an SGLang engine needs the command that starts it")
-        if self.host in WILDCARD_HOSTS and not self.advertise_host:
+        if needs_advertise_host(self.host, self.advertise_host):
             raise InvalidConfigError(
                 f"{self.engine}: an engine listening on every address ({self.host!r}) needs an "
                 "advertise host, the address the proxy and the publisher reach it at"
@@ -86,7 +92,7 @@ class RolloutEngineConfig:
     @property
     def reachable_host(self) -> str:
         """The address other machines reach this engine's machine at."""
-        return self.advertise_host or self.host
+        return reachable_host(self.host, self.advertise_host)
 
     def advertised(self, base_url: str) -> str:
         """The URL others call for a server listening at ``base_url``."""
