@@ -259,7 +259,8 @@ def _tensorboard(report: RunReport, summary: dict[str, Any], folder: Path, writt
     with SummaryWriter(str(folder)) as writer:
         for s in report.steps:
             if s.step not in written:
-                step_scalars(writer, s)
+                for tag, value in step_scalars(s).items():
+                    writer.add_scalar(tag, value, s.step)
         ev = summary["eval"]
         for key in ("pass_rate_before", "pass_rate_after"):
             if ev[key] is not None:

@@ -81,10 +81,10 @@ def step_line(step: StepFigures) -> str:
     return f"step {step.step}  reward {reward}  staleness {stale}  {wall} s"
 
 
-def step_scalars(writer: Any, step: StepFigures) -> None:
-    """Write ``step``'s scalars (the figures it has) with ``writer.add_scalar(tag, value, step)``:
-    a tensorboardX ``SummaryWriter``, or ``TensorBoardSteps``."""
-    scalars = {
+def step_scalars(step: StepFigures) -> dict[str, float]:
+    """``step``'s scalars by name (``reward/mean``, ``train/loss``, ...), the figures it has
+    only: what TensorBoard writes and W&B logs at step ``step.step``."""
+    scalars: dict[str, float | None] = {
         "reward/mean": step.mean_reward,
         "staleness/mean": step.staleness_mean,
         "train/loss": step.loss,
@@ -93,9 +93,7 @@ def step_scalars(writer: Any, step: StepFigures) -> None:
         "admission/trainable_tokens": step.trainable_tokens,
         "time/step_s": step.wall_s,
     }
-    for tag, value in scalars.items():
-        if value is not None:
-            writer.add_scalar(tag, value, step.step)
+    return {tag: value for tag, value in scalars.items() if value is not None}
 
 
 class TensorBoardSteps:
@@ -112,14 +110,12 @@ class TensorBoardSteps:
         self.written: set[int] = set()
         self._events: Any = None
 
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
+    def write(self, step: StepFigures) -> None:
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.summary import scalar
 
-        self._events.write_event(Event(wall_time=time.time(), step=step, summary=scalar(tag, value)))
-
-    def write(self, step: StepFigures) -> None:
-        step_scalars(self, step)
+        for tag, value in step_scalars(step).items():
+            self._events.write_event(Event(wall_time=time.time(), step=step.step, summary=scalar(tag, value)))
         self._events.flush()
         self.written.add(step.step)
 
@@ -149,17 +145,11 @@ class WandbSteps:
         self.mode = wandb_mode()
         self._run: Any = None
         self._last = -1
-        self._pending: dict[str, float] = {}
-
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        self._pending[tag] = value
 
     def write(self, step: StepFigures) -> None:
         if step.step <= self._last:
             return
-        self._pending = {}
-        step_scalars(self, step)
-        self._run.log(self._pending, step=step.step)
+        self._run.log(step_scalars(step), step=step.step)
         self._last = step.step
         self.written.add(step.step)
 
