@@ -9,6 +9,7 @@ input tokens and then the output tokens below. Unique tokens are stored once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -41,6 +42,28 @@ class TreeProjection(Projection):
     event_types: ClassVar[frozenset[str]] = frozenset({"model_call.recorded"})
 
     def apply(self, rows: RowStore, event: RecordedEvent) -> None:
+        self.fold(rows, (event,))
+
+    def fold(self, rows: RowStore, events: Iterable[RecordedEvent]) -> None:
+        """Apply ``events`` in order, leaving the rows ``apply`` would leave applied to each in turn.
+
+        Each execution's ``topology`` blob is decoded once, before its first record here, and
+        encoded once, after the last: folding a tree's n records is O(n) in the topology, where
+        ``apply`` record by record decodes and re-encodes the whole blob each time (O(n^2)).
+        """
+        topologies: dict[str, TopologyBuilder] = {}
+        for event in events:
+            self._apply_record(rows, event, topologies)
+        for ex, topology in topologies.items():
+            state = rows.get(STATE, ex)
+            assert state is not None  # written by the record that decoded the topology
+            rows.put(STATE, {**state, "topology": topology.encode()})
+
+    def _apply_record(
+        self, rows: RowStore, event: RecordedEvent, topologies: dict[str, TopologyBuilder]
+    ) -> None:
+        """One record into the rows and into its execution's topology in ``topologies`` (the
+        caller encodes that into the state row: until then the row's blob is stale)."""
         ev = event.event
         assert isinstance(ev, ModelCallRecorded)
         ex = ev.execution_id
@@ -50,7 +73,9 @@ class TreeProjection(Projection):
         state = rows.get(STATE, ex) or {
             "execution_id": ex, "next_node": 0, "records": 0, "first_root": None, "topology": b"",
         }  # fmt: skip
-        topology = TopologyBuilder(state["topology"])
+        topology = topologies.get(ex)
+        if topology is None:
+            topology = topologies[ex] = TopologyBuilder(state["topology"])
 
         parent: Row | None = None
         if ev.prefix_of is not None and ev.prefix_len > 0:
@@ -120,7 +145,6 @@ class TreeProjection(Projection):
         )
         topology.add_record(state["records"], int(end["node_id"]), leaf_class(kind, ev.purpose))
         state["records"] += 1
-        state["topology"] = topology.encode()
         rows.put(STATE, state)
 
     # -- radix operations -------------------------------------------------------------------

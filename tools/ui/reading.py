@@ -274,9 +274,9 @@ def tree_at(log: LogAt, execution_id: str, projected: ProjectionStore | None = N
 
     At the head (a page asked for without ``?at=``), with ``projected`` (the tree projection's
     store), the projection caught up and read as ``gyre trees show`` reads it. Otherwise the
-    execution's records up to the position are folded by the tree projection's own ``apply``, in log order, into a
-    store of their own: slower (each record's fold is work the projection did once), but the
-    tree exactly as it stood there, whatever the projection has applied since."""
+    execution's records up to the position are folded by the tree projection's own ``fold``, in log
+    order, into a store of their own: slower (each record's fold is work the projection did once),
+    but the tree exactly as it stood there, whatever the projection has applied since."""
     if projected is not None and log.live:
         catch_up(log, projected, TreeProjection())
         try:
@@ -289,8 +289,7 @@ def tree_at(log: LogAt, execution_id: str, projected: ProjectionStore | None = N
     projection = TreeProjection()
     store = InMemoryProjectionStore({t.name: t for t in projection.tables})
     with store.transaction() as rows:
-        for recorded in events:
-            projection.apply(rows, recorded)
+        projection.fold(rows, events)
     return TreeView.load(store, execution_id)
 
 

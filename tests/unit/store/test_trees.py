@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -203,3 +204,30 @@ def test_a_retry_supersedes_the_attempt_it_replaces() -> None:
     view = TreeView.load(project(log), "ex")
     assert [c.request_id for c in view.candidates()] == ["a2"]
     assert view.records["a"].superseded
+
+
+@settings(max_examples=60)
+@given(record_sequences(), st.integers(0, 25))
+def test_folding_records_at_once_leaves_the_rows_applying_them_one_by_one_leaves(
+    records: list[tuple[ModelCallRecorded, TitoArrays]], redelivered: int
+) -> None:
+    """``fold`` (each topology decoded and encoded once) against ``apply`` per record, over two
+    executions' records interleaved and some delivered again."""
+    log = InMemoryEventLog()
+    recorder = TrajectoryRecorder(log)
+    for ev, a in records:
+        recorder.record(ev, a)
+        recorder.record(msgspec.structs.replace(ev, execution_id="ex2"), a)
+    events = log.read(0, limit=1000)
+    events += events[:redelivered]
+    p = TreeProjection()
+    one_by_one = InMemoryProjectionStore({t.name: t for t in p.tables})
+    with one_by_one.transaction() as rows:
+        for event in events:
+            p.apply(rows, event)
+    folded = InMemoryProjectionStore({t.name: t for t in p.tables})
+    with folded.transaction() as rows:
+        p.fold(rows, events)
+    for t in p.tables:
+        assert folded.dump(t.name) == one_by_one.dump(t.name)
+    assert TreeTopology.load(folded, "ex2").leaves == TreeTopology.load(one_by_one, "ex").leaves
