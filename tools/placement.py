@@ -6,7 +6,8 @@ workspaces of sourced tasks are written here. Under ``bwrap``, ``podman`` and ``
 harness runs in a sandbox of its own (a container kind's in the task's image, its Dockerfile
 built, as its tests): the workspace writable at the task's working directory, a
 private HOME at ``/home/agent``, the harness's program read-only, the environment the harness
-needs and nothing of the launcher's, limits on processes, file size and CPU time, and one
+needs and nothing of the launcher's, limits on processes, file size and CPU time, a cap on
+what its writable binds hold together (``disk_mb``, ``gyre_train.sandbox.disk``), and one
 network route: the proxy's port, relayed through a unix socket (``gyre_train.sandbox.relay``).
 The execution's snapshots folder is writable at ``/gyre/snapshots``, for ``.gyre/evaluate``.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import sys
 import sysconfig
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -34,13 +36,22 @@ HARNESS_LIMITS = Limits(processes=256, file_size_mb=1024)
 class SandboxPlacement:
     """A ``gyre_proxy.launch.Placement`` for one run (see the module docstring)."""
 
-    def __init__(self, kind: str, *, proxy_url: str, relay_dir: Path, files: TaskFiles | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        proxy_url: str,
+        relay_dir: Path,
+        files: TaskFiles | None = None,
+        disk_mb: int | None = None,
+    ) -> None:
         try:
             self._sandbox: Sandbox = sandbox_for(kind)
         except GyreTrainError as exc:
             raise LaunchError(str(exc)) from exc
         self.kind = kind
         self.files = files or TaskFiles()
+        self.disk_mb = disk_mb  # the [sandbox] disk_mb of the run; None: no cap
         self._relay: object | None = None
         self._route: ProxyRoute | None = None
         if self.sandboxed:
@@ -102,6 +113,7 @@ class SandboxPlacement:
         snapshots = dirs.root / "snapshots"
         if snapshots.is_dir():  # intermediate evaluations (.gyre/evaluate) write their snapshots here
             binds.append(Bind(snapshots, SANDBOX_SNAPSHOTS, writable=True))
+        limits = replace(limits, disk_mb=self.disk_mb)
         try:
             prepared = sandbox.prepare(
                 argv, workdir=str(workdir), name=name, binds=binds, env=env, limits=limits, route=self._route

@@ -2,6 +2,7 @@
 long-running harness) and one module per kind: ``local``, a process group on the host; ``bwrap``,
 bubblewrap namespaces; ``podman``, rootful podman containers; ``docker``, the Docker Engine API
 (``gyre_train.sandbox.docker``, imported by ``sandbox_for`` since it needs the docker SDK).
+``disk`` caps the total the confined kinds' writable binds hold.
 The proxy is reached from inside through a ``UnixRelay``. Knows nothing of tasks, runs, the event
 log or training.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox.base import Bind, Limits, Prepared, ProxyRoute, RunResult, Sandbox
 from gyre_train.sandbox.bwrap import BwrapSandbox, bwrap_missing
+from gyre_train.sandbox.disk import DiskCap
 from gyre_train.sandbox.images import BASE_IMAGE, ContainerSandbox
 from gyre_train.sandbox.local import LocalSandbox
 from gyre_train.sandbox.podman import PodmanSandbox, podman_missing
@@ -23,6 +25,7 @@ __all__ = [
     "Bind",
     "BwrapSandbox",
     "ContainerSandbox",
+    "DiskCap",
     "Limits",
     "LocalSandbox",
     "PodmanSandbox",

@@ -36,16 +36,20 @@ class Bind:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Resource limits, each applied as an rlimit of the command (None: no limit).
+    """Resource limits, each applied as an rlimit of the command (None: no limit), but
+    ``disk_mb``.
 
     ``memory_mb`` is the address space, ``cpu_s`` the CPU time, ``processes`` the number of
     processes of the sandbox's user, ``file_size_mb`` the largest file it may write.
+    ``disk_mb`` is the total its writable binds may hold, a file system of that size
+    (``gyre_train.sandbox.disk``) under ``bwrap``, ``podman`` and ``docker``; ``local`` ignores it.
     """
 
     memory_mb: int | None = None
     cpu_s: int | None = None
     processes: int | None = None
     file_size_mb: int | None = None
+    disk_mb: int | None = None
 
     def prlimit(self) -> list[str]:
         """``prlimit`` arguments that apply these limits to the command after ``--``."""

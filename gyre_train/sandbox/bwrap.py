@@ -5,9 +5,10 @@ only a loopback of its own: nothing of the host is reachable), no capabilities, 
 ``/usr`` and a few files of ``/etc`` read-only, fresh ``/proc``, ``/dev`` and ``/tmp`` (a tmpfs
 no larger than the file-size limit), and the caller's binds, nothing else; the rest of its root
 is read-only. Its environment is built from nothing. Limits are rlimits set by ``prlimit``
-inside. Started by root, bwrap runs as an unprivileged user (``uid``, nobody by default), since
-the kernel applies no process limit to root: writable binds are handed to that user, and every
-bind must be readable by it. A prepared process may also reach the proxy's port on its own
+inside, but ``disk_mb``: the writable binds on a file system of that size (``disk``). Started
+by root, bwrap runs as an unprivileged user (``uid``, nobody by default), since the kernel
+applies no process limit to root: writable binds are handed to that user, and every bind must
+be readable by it. A prepared process may also reach the proxy's port on its own
 loopback, relayed through a unix socket (``gyre_train.sandbox.relay``).
 """
 
@@ -31,6 +32,7 @@ from gyre_train.sandbox.base import (
     minimal_env,
     run_group,
 )
+from gyre_train.sandbox.disk import DiskCap
 from gyre_train.sandbox.relay import INSIDE_SCRIPT, check_route, route_binds, routed
 
 NOBODY = 65534
@@ -80,8 +82,11 @@ class BwrapSandbox(Sandbox):
         timeout_s: float,
         limits: Limits = NO_LIMITS,
     ) -> RunResult:
-        argv = self._argv([*limits.prlimit(), *command], workdir=workdir, binds=binds, env=env, limits=limits)
-        result = run_group(argv, cwd=None, env=_host_env(), timeout_s=timeout_s)
+        with DiskCap(binds, limits.disk_mb):
+            argv = self._argv(
+                [*limits.prlimit(), *command], workdir=workdir, binds=binds, env=env, limits=limits
+            )
+            result = run_group(argv, cwd=None, env=_host_env(), timeout_s=timeout_s)
         if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
             raise SandboxError(f"bwrap could not set up the sandbox: {result.stderr.strip().splitlines()[0]}")
         return result
@@ -101,14 +106,21 @@ class BwrapSandbox(Sandbox):
         and ``command`` started by ``relay.routed`` once ``127.0.0.1:port`` listens, the
         forwarder outside ``prlimit``. Nothing outlives the process group: bwrap dies with it
         (its child has ``--die-with-parent``), and with bwrap's init the kernel kills every
-        process of the sandbox's pid namespace, the forwarder's too."""
+        process of the sandbox's pid namespace, the forwarder's too. Under ``disk_mb`` the
+        writable binds are capped from now on: ``cleanup`` copies their files back."""
         inner = [*limits.prlimit(), *command]
         extra: list[str] = []
         if route is not None:
             extra = self._route_binds(route)
             inner = routed(inner, route, name)
-        argv = self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
-        return Prepared(tuple(argv), _host_env())
+        cap = DiskCap(binds, limits.disk_mb)
+        cap.mount()
+        try:
+            argv = self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
+        except BaseException:
+            cap.release()
+            raise
+        return Prepared(tuple(argv), _host_env(), cap.release)
 
     def _argv(
         self,

@@ -1,8 +1,9 @@
 """The ``docker`` sandbox: the ``podman`` sandbox's containers through the Docker Engine API.
 
 The same container as ``podman`` (no network, the caller's binds, memory and process limits in
-the cgroup, CPU time and file size by ``prlimit`` inside), created, started, waited on and
-removed by the ``docker`` SDK at ``base_url`` (default ``DOCKER_HOST``). The API cannot unset an
+the cgroup, CPU time and file size by ``prlimit`` inside, the writable binds' total by ``disk``,
+mounted on this host), created, started, waited on and removed by the ``docker`` SDK at
+``base_url`` (default ``DOCKER_HOST``). The API cannot unset an
 image's own ``ENV``: those variables stay beneath ``minimal_env`` (a task's image built from its
 Dockerfile holds only the task's). Tested against podman's Docker-compatible service.
 
@@ -43,6 +44,7 @@ from gyre_train.sandbox.base import (
     ProxyRoute,
     RunResult,
 )
+from gyre_train.sandbox.disk import DiskCap
 from gyre_train.sandbox.images import (
     BASE_IMAGE,
     SETUP,
@@ -158,6 +160,10 @@ class DockerSandbox(ContainerSandbox):
         kwargs = create_kwargs(
             self.image, command, name=container_name(), workdir=workdir, binds=binds, env=env, limits=limits
         )
+        with DiskCap(binds, limits.disk_mb):
+            return self._run(kwargs, timeout_s)
+
+    def _run(self, kwargs: dict[str, Any], timeout_s: float) -> RunResult:
         started = time.monotonic()
         try:
             container = self._client.containers.create(**kwargs)
@@ -193,7 +199,9 @@ class DockerSandbox(ContainerSandbox):
     ) -> Prepared:
         """``run``'s container for a long-running command, shaped by ``Harness`` (a read-only
         root with a tmpfs ``/tmp``, the route when given), run by ``attach`` in a process of its
-        own; ``cleanup`` removes the container, and every process in it."""
+        own; ``cleanup`` removes the container, and every process in it, then copies the files
+        of writable binds capped by ``disk_mb`` back (``disk.DiskCap``: mounted here, on this
+        host, so the engine must be this host's)."""
         harness = Harness(name, route)
         harness.check()
         check_binds(workdir, harness.binds(binds))
@@ -212,7 +220,16 @@ class DockerSandbox(ContainerSandbox):
         env_out = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "HOME": os.environ.get("HOME", "/root")}
         if "PYTHONPATH" in os.environ:
             env_out["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        return Prepared(argv, env_out, lambda: self.remove(container))
+        cap = DiskCap(binds, limits.disk_mb)
+        cap.mount()
+
+        def cleanup() -> None:
+            try:
+                self.remove(container)  # nothing writes the capped binds any more
+            finally:
+                cap.release()
+
+        return Prepared(argv, env_out, cleanup)
 
     def remove(self, name: str) -> None:
         """Remove container ``name`` now, killing what runs in it; nothing if there is none."""

@@ -3,7 +3,8 @@
 The container has no network (``--network none``), an environment built from nothing (podman's
 and the image's variables unset, then ``minimal_env``), the caller's binds (read-only unless
 writable), memory and process limits as cgroup limits, CPU time and file size as rlimits set by
-``prlimit`` inside (``images.in_container``); its own root file system is the image's, writable
+``prlimit`` inside (``images.in_container``), the total of the writable binds by a file system
+of ``disk_mb`` mounted over them (``disk``); its own root file system is the image's, writable
 and discarded with it. A timeout removes the container (killing the client leaves it running).
 
 Podman runs with ``--runtime runc --cgroup-manager cgroupfs`` and ``CONTAINERS_CONF`` pointing to
@@ -33,6 +34,7 @@ from gyre_train.sandbox.base import (
     RunResult,
     run_group,
 )
+from gyre_train.sandbox.disk import DiskCap
 from gyre_train.sandbox.images import (
     BASE_IMAGE,
     SETUP,
@@ -149,15 +151,16 @@ class PodmanSandbox(ContainerSandbox):
             *run_args(self.image, command, name=name, workdir=workdir, binds=binds, env=env, limits=limits),
         ]
         ended = False
-        try:
-            with tempfile.TemporaryDirectory(prefix="gyre-podman-") as scratch:
-                # podman's conmon leaves an empty file "oom" in its working folder when the
-                # container's memory limit is hit: a scratch folder, not the caller's
-                result = run_group(argv, cwd=Path(scratch), env=self._env, timeout_s=timeout_s)
-            ended = not result.timed_out and 0 <= result.exit_code < 125
-        finally:
-            if not ended:  # the client was killed (or failed): the container may live on
-                self.remove(name)
+        with DiskCap(binds, limits.disk_mb):
+            try:
+                with tempfile.TemporaryDirectory(prefix="gyre-podman-") as scratch:
+                    # podman's conmon leaves an empty file "oom" in its working folder when the
+                    # container's memory limit is hit: a scratch folder, not the caller's
+                    result = run_group(argv, cwd=Path(scratch), env=self._env, timeout_s=timeout_s)
+                ended = not result.timed_out and 0 <= result.exit_code < 125
+            finally:
+                if not ended:  # the client was killed (or failed): the container may live on
+                    self.remove(name)
         if result.exit_code == 125 and result.stderr.startswith("Error:"):
             raise SandboxError(
                 f"podman could not start the container: {result.stderr.strip().splitlines()[0]}"
@@ -177,7 +180,8 @@ class PodmanSandbox(ContainerSandbox):
     ) -> Prepared:
         """``run``'s container for a long-running command, shaped by ``Harness``: an init, a
         read-only root with a tmpfs ``/tmp``, the route when given. Killing the ``podman run``
-        client leaves the container running: ``cleanup`` removes it, and every process in it."""
+        client leaves the container running: ``cleanup`` removes it, and every process in it,
+        then copies the files of writable binds capped by ``disk_mb`` back (``disk.DiskCap``)."""
         harness = Harness(name, route)
         harness.check()
         check_binds(workdir, harness.binds(binds))
@@ -194,10 +198,19 @@ class PodmanSandbox(ContainerSandbox):
         )
         # started in a scratch folder of its own (``run``'s reason), removed by the cleanup
         scratch = Path(tempfile.mkdtemp(prefix="gyre-podman-"))
+        cap = DiskCap(binds, limits.disk_mb)
+        try:
+            cap.mount()
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
 
         def cleanup() -> None:
-            self.remove(container)
-            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                self.remove(container)  # nothing writes the capped binds any more
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+                cap.release()
 
         argv = ("env", f"--chdir={scratch}", "podman", *GLOBAL_FLAGS, *args)
         return Prepared(argv, self._env, cleanup)

@@ -5,10 +5,12 @@ group of its own with exactly the prepared environment, its group killed, its cl
 The agent tries six things: (a) to read the run's database URL and an API key from the
 caller's environment, (b) to write outside its workspace, (c) to reach PostgreSQL's port and a
 port on another address of the host, (d) to fork past the process limit, (e) to write twice the
-file-size limit, (f) to leave a process running (``setsid nohup``) after it is killed; and last
-to reach the proxy through the route. One agent run per kind serves every test of that kind;
-each test asserts one attempt. The confined kinds must block all six; ``local`` blocks only (a),
-and per file (e), and the tests below say so.
+file-size limit, then more than the disk cap in files each under that limit, (f) to leave a
+process running (``setsid nohup``) after it is killed; and last to reach the proxy through the
+route. One agent run per kind serves every test of that kind; each test asserts one attempt. The
+confined kinds must block all six, and after the cleanup every byte the agent wrote in its
+workspace is there on the host; ``local`` blocks only (a), and per file (e), and the tests below
+say so.
 
 The confined kinds are bwrap, podman and docker (the Docker Engine API of podman's own
 service, started here as in ``test_containers``). Each fails when missing;
@@ -53,6 +55,9 @@ SECRET_URL = "postgresql://secret@127.0.0.1:5432/x"
 FAKE_KEY = "sk-gyre-fake-key-0123456789abcdef"
 LIMIT_MB = 8
 LIMIT = LIMIT_MB * 2**20
+DISK_MB = 3 * LIMIT_MB  # the workspace's total (Limits.disk_mb): the file of LIMIT, then spills
+DISK = DISK_MB * 2**20
+SPILL_FILES = 12  # the workspace's spill: DISK bytes in files of DISK / 12 each, under LIMIT
 PROCESSES = 64
 WORKDIR = "/app"
 # The kinds that must block every attempt. A container kind joins by passing these tests.
@@ -88,6 +93,8 @@ class Outcome:
     lingering_before_kill: list[str]  # the escaped process, seen while the agent ran
     left_after_kill: list[str]  # processes naming this run once its group was killed
     host_files: dict[str, bool]  # outside-the-workspace targets (host paths): do they exist?
+    workspace: dict[str, int]  # the workspace's files on the host after the cleanup: their sizes
+    still_mounted: bool  # is the workspace still a mount point after the cleanup?
     other_port: int
     outside: str | None  # "address:port" of a listener on the host's other address
 
@@ -164,7 +171,7 @@ def _run(
         script = "/agent/agent.py"
     else:
         workdir, binds, script = str(workspace), [], str(stage.root / "agent" / "agent.py")
-    limits = Limits(processes=PROCESSES, file_size_mb=LIMIT_MB)
+    limits = Limits(processes=PROCESSES, file_size_mb=LIMIT_MB, disk_mb=DISK_MB if confined else None)
     with pytest.MonkeyPatch.context() as patch:  # the caller's environment holds the run's secrets
         patch.setenv("GYRE_DATABASE_URL", SECRET_URL)
         patch.setenv("OPENAI_API_KEY", FAKE_KEY)
@@ -192,7 +199,21 @@ def _run(
         str(p).replace("{name}", name): Path(str(p).replace("{name}", name)).exists() for p in outside
     }
     host_files[str(launcher / name)] = (launcher / name).exists()
-    return Outcome(sandbox.kind, name, reports, lingering, left, host_files, stage.other_port, stage.outside)
+    files = {
+        p.relative_to(workspace).as_posix(): p.stat().st_size for p in workspace.rglob("*") if p.is_file()
+    }
+    return Outcome(
+        sandbox.kind,
+        name,
+        reports,
+        lingering,
+        left,
+        host_files,
+        files,
+        workspace.is_mount(),
+        stage.other_port,
+        stage.outside,
+    )
 
 
 @pytest.fixture(scope="module", params=CONFINED)
@@ -222,7 +243,8 @@ def confined(request: pytest.FixtureRequest, stage: Stage) -> Outcome:
             "file": f"{WORKDIR}/big",
             "bytes": 2 * LIMIT,
             "spill": ["/tmp", f"{WORKDIR}/spill"],
-            "spill_bytes": 2 * LIMIT,
+            "spill_bytes": DISK,  # /tmp: 12 files of 2 MiB; the workspace: 12 more, beyond its cap
+            "spill_files": SPILL_FILES,
         },
         "route": f"http://127.0.0.1:{stage.proxy_port}/plain",
     }
@@ -296,10 +318,26 @@ def test_e_tmp_is_capped_at_the_size_limit(confined: Outcome) -> None:
     assert tmp["refused"] == "ENOSPC" and tmp["bytes"] <= LIMIT, tmp
 
 
-def test_e_the_workspace_total_is_not_capped(confined: Outcome) -> None:
-    """Not blocked, and documented so: many files under the limit each fill the workspace."""
-    spill = confined.reports["disk"]["spill"][f"{WORKDIR}/spill"]
-    assert spill == {"bytes": 2 * LIMIT, "refused": None}
+def test_e_the_workspace_total_stops_at_the_disk_cap(confined: Outcome) -> None:
+    """Files each under the file-size limit, together past the cap: a write fails with ENOSPC
+    (not EFBIG), the workspace holds no more than the cap, and the agent goes on."""
+    assert DISK // SPILL_FILES < LIMIT  # each spill file is allowed by the file-size limit
+    disk = confined.reports["disk"]
+    spill = disk["spill"][f"{WORKDIR}/spill"]
+    assert spill["refused"] == "ENOSPC" and spill["bytes"] < DISK, spill
+    assert disk["file_bytes"] + spill["bytes"] <= DISK, disk
+    assert "linger" in confined.reports and "route" in confined.reports  # it went on
+
+
+def test_e_what_was_written_in_the_capped_workspace_is_kept(confined: Outcome) -> None:
+    """After the cleanup the host's workspace holds every byte the agent reported writing, at
+    the same path, and no mount is left over it."""
+    disk = confined.reports["disk"]
+    files = confined.workspace
+    assert not confined.still_mounted
+    assert files["big"] == disk["file_bytes"] and files["inside.txt"] == len("escaped\n"), files
+    spilled = sum(size for path, size in files.items() if path.startswith("spill/"))
+    assert spilled == disk["spill"][f"{WORKDIR}/spill"]["bytes"] > 0, files
 
 
 def test_f_nothing_outlives_the_killed_group(confined: Outcome) -> None:
