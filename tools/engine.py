@@ -65,6 +65,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_env_argument(
         serve,
+        "--device",
+        "GYRE_ENGINE_DEVICE",
+        default="cpu",
+        help="where the weights and KV cache live: cpu, cuda or cuda:N (sampling stays on the CPU)",
+    )
+    add_env_argument(
+        serve,
         "--weight-version",
         "GYRE_ENGINE_WEIGHT_VERSION",
         default="default",
@@ -114,6 +121,7 @@ def run_serve(args: argparse.Namespace) -> int:
             model_dir=Path(args.model_dir) if args.model_dir else None,
             seed=args.seed,
             tokenizer=tokenizer,
+            device=args.device,
         ),
         # 0: as long as the model's positions reach (the engine takes the smaller of the two).
         max_context=args.max_context or NO_CONTEXT_CAP,

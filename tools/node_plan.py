@@ -79,6 +79,7 @@ def node_plan(
             log_dir=run_dir / "logs",
             host=host,
             advertise_host=advertise_host,
+            device=config.engine_device,
         )
 
     engine_configs = tuple(
@@ -121,7 +122,7 @@ def node_plan(
     spec = ModelSpec(config={}, seed=config.seed, model_dir=Path(world.model_dir))
     t = config.train
     model: TorchCells | MegatronCells = TorchCells(
-        spec, TorchTraining(t.shard, t.shard_ranks, t.dtype, t.activation_checkpointing)
+        spec, TorchTraining(t.shard, t.shard_ranks, t.dtype, t.activation_checkpointing, device=t.device)
     )
     if t.backend == "megatron":  # Megatron-core's GPTModel of the same Qwen3 folder, TP x PP ranks a cell
         megatron = qwen3_spec(
@@ -152,6 +153,7 @@ def node_plan(
             wait_timeout_s=600.0,
             dist_interface=interface,
             transport=world.transport,
+            dist_backend=t.collectives,
             transport_host=address,
             metrics_port=_cell_metrics_port(cell_metrics_port, cell),
             metrics_host=host,

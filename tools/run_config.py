@@ -52,6 +52,15 @@ class TrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     skip_zero_advantage: bool = True
     publish: str = "disk"  # disk, tensor or distributed (PUBLISH_METHODS)
     weight_transport: str = "torch"  # how joining satellites pull the core's weights (WEIGHT_TRANSPORTS)
+    device: str = "cpu"  # cpu, cuda or cuda:N: where an unsharded PyTorch cell trains
+    collectives: str = "gloo"  # gloo or nccl (COLLECTIVES): what the cells' torch.distributed world runs on
+
+    @property
+    def processes_per_cell(self) -> int:
+        """Processes of one trainer cell: FSDP's ranks, Megatron's TP x PP, else one."""
+        if self.shard == "fsdp":
+            return self.shard_ranks
+        return self.tp * self.pp if self.backend == "megatron" else 1
 
 
 class TaskConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -99,6 +108,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     trainers: str = "all"  # trainer cells gyre run starts here; the rest join from other machines
     harness: str = "builtin"
     engine: str = "reference"  # the kind of engine node agents start: reference or sglang
+    engine_device: str = "cpu"  # cpu, cuda or cuda:N: where a reference engine's weights and KV cache live
     external_engines: list[str] = msgspec.field(default_factory=list)  # "NAME=URL" or "NAME=URL@CAP"
     run_dir: str = ""  # resolved when the run starts: its policies, workspaces and outputs
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
@@ -223,6 +233,7 @@ def parse_config(text: str, *, where: str = "the config", policy: str | None = N
     _check_judge(config, where)
     _check_sharding(config, where)
     _check_backend(config, where)
+    _check_devices(config, where)
     config.sched()  # the policy and the scheduler's shape are valid
     return config
 
@@ -291,6 +302,36 @@ def _check_sharding(config: RunConfig, where: str) -> None:
         raise ConfigFileError(
             f'{where}: train.shard = "fsdp" needs policy "async": cells that move between rollout and '
             "training run one process each"
+        )
+
+
+COLLECTIVES = ("gloo", "nccl")
+
+
+def _check_devices(config: RunConfig, where: str) -> None:
+    """``train.device``, ``train.collectives`` and ``engine_device``: one line for each mistake."""
+    t = config.train
+    for key, name in (("train.device", t.device), ("engine_device", config.engine_device)):
+        head, sep, index = name.partition(":")
+        if name != "cpu" and not (head == "cuda" and (not sep or index.isdigit())):
+            raise ConfigFileError(f"{where}: {key} must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    if t.collectives not in COLLECTIVES:
+        raise ConfigFileError(
+            f"{where}: train.collectives must be one of {list(COLLECTIVES)}, got {t.collectives!r}"
+        )
+    if t.device != "cpu" and (t.backend != "pytorch" or t.shard != "none"):
+        raise ConfigFileError(
+            f'{where}: train.device = "{t.device}" trains unsharded PyTorch cells only; fsdp and '
+            "megatron cells train on the CPU (their GPU path is not built)"
+        )
+    if t.collectives == "nccl" and t.device == "cpu":
+        raise ConfigFileError(
+            f'{where}: train.collectives = "nccl" moves CUDA tensors: set train.device = "cuda"'
+        )
+    if config.engine_device != "cpu" and config.engine != "reference":
+        raise ConfigFileError(
+            f"{where}: engine_device places the reference engine; an {config.engine} engine takes "
+            "its device from its own command"
         )
 
 
@@ -405,7 +446,7 @@ def _check_engines(config: RunConfig, where: str) -> None:
             f"got {config.train.weight_transport!r}"
         )
     t = config.train
-    ranks = t.shard_ranks if t.shard == "fsdp" else t.tp * t.pp if t.backend == "megatron" else 1
+    ranks = t.processes_per_cell
     if t.weight_transport == "mooncake" and ranks > 1:
         raise ConfigFileError(
             f'{where}: train.weight_transport = "mooncake" pulls one flat snapshot per cell; a cell of '
@@ -488,6 +529,7 @@ cells = {c.cells}              # K cells (cell 0 is the core; the rest are satel
 rollout_engines = {c.rollout_engines}    # engines gyre starts in the separate rollout pool (0: external_engines only)
 engine_capacity = {c.engine_capacity}    # concurrent executions per engine (C_s = rollout_engines x capacity + external capacities)
 engine = "{c.engine}"    # reference (gyre's own engine) or sglang (python -m sglang.launch_server, from tools/sglang_setup.sh's environment)
+engine_device = "{c.engine_device}"   # cpu, cuda or cuda:N: where the reference engines' weights and KV caches live (sampling stays on the CPU)
 external_engines = {json.dumps(c.external_engines)}    # engines gyre does not start, each "NAME=URL" (capacity engine_capacity) or "NAME=URL@CAP"; they get every publication
 nodes = {c.nodes}                # node agents gyre run starts here (engines spread over them; trainers on the first)
 trainers = "{c.trainers}"         # trainer cells gyre run starts (on its first node): all, or cell numbers with the core, 0 (e.g. "0"); the others run in `gyre node serve --trainers 1-3` on other machines
@@ -517,6 +559,8 @@ scale_advantages = {str(t.scale_advantages).lower()}   # divide group-relative a
 skip_zero_advantage = {str(t.skip_zero_advantage).lower()}   # leave out rows whose advantage is 0 (their gradient is 0)
 publish = "{t.publish}"   # how the core's weights reach every engine at once: disk (a folder under run_dir), tensor (in the request; engines on this machine) or distributed (a gloo broadcast group)
 weight_transport = "{t.weight_transport}"   # how a satellite joining a batch pulls the core's weights: torch (the core sends them between micro-steps) or mooncake (read from the core's memory by Mooncake Transfer Engine, at the machine's advertised address)
+device = "{t.device}"   # cpu, cuda or cuda:N: where each unsharded PyTorch cell trains ("cuda": a machine's GPUs taken round-robin by the cells' ranks)
+collectives = "{t.collectives}"   # gloo (host tensors; cells may share a GPU) or nccl (CUDA tensors; one GPU per cell process, device = "cuda")
 
 [tasks]
 source = "{k.source}"    # empty: the built-in family below; or a folder of Harbor task directories, or a .jsonl file (`gyre tasks list SOURCE`)

@@ -69,12 +69,17 @@ class TorchTraining:
     state). `dtype`: the compute dtype; under "bfloat16" the weights the optimizer steps stay
     float32 (the master weights) and only the forward and backward run in bfloat16.
     `activation_checkpointing`: each decoder layer's activations are recomputed in backward.
+    `device`: where an unsharded cell's model, gradients and optimizer state live: "cpu" (the
+    default), "cuda" (the process's current CUDA device) or "cuda:N". The flat vectors a cell
+    exchanges (`flat_parameters`, `flat_gradients`) stay on that device; the replica moves them
+    to where its collectives run (replica.py).
     """
 
     shard: str = "none"
     ranks: int = 1
     dtype: str = "float32"
     activation_checkpointing: bool = False
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.shard not in SHARDS:
@@ -85,10 +90,44 @@ class TorchTraining:
             raise InvalidConfigError(f"fsdp shards over at least 2 ranks per cell, got {self.ranks}")
         if self.shard == "none" and self.ranks != 1:
             raise InvalidConfigError(f"an unsharded cell has 1 rank, got {self.ranks} (use fsdp)")
+        check_device_name(self.device)
+        if self.shard == "fsdp" and self.device != "cpu":
+            raise InvalidConfigError(
+                f"fsdp cells train on the CPU only (got device {self.device!r}): sharding on GPUs is not built"
+            )
 
     @property
     def compute_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def torch_device(self) -> torch.device:
+        """The device itself; raises InvalidConfigError where this process sees no such CUDA device."""
+        return resolve_device(self.device)
+
+
+def check_device_name(name: str) -> None:
+    """Raise InvalidConfigError unless ``name`` is "cpu", "cuda" or "cuda:N" (not whether it exists)."""
+    head, sep, index = name.partition(":")
+    if name == "cpu" or (head == "cuda" and (not sep or index.isdigit())):
+        return
+    raise InvalidConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device ``name`` names, checked against what this process sees: "cuda" is the
+    current CUDA device (a cell process sets it from its local rank before building its model)."""
+    check_device_name(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise InvalidConfigError(f"device {name!r}: torch sees no CUDA device in this process")
+    device = torch.device(name) if ":" in name else torch.device("cuda", torch.cuda.current_device())
+    assert device.index is not None
+    if device.index >= torch.cuda.device_count():
+        raise InvalidConfigError(
+            f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA devices"
+        )
+    return device
 
 
 LossOfLogprobs = Callable[[torch.Tensor], torch.Tensor]
@@ -170,7 +209,7 @@ def read_whole(path: Path) -> dict[str, Any]:
     """What ``write_whole`` wrote (an optimizer's state); raises InvalidConfigError when absent."""
     if not Path(path).is_file():
         raise InvalidConfigError(f"no optimizer state at {path}")
-    state: dict[str, Any] = torch.load(path, weights_only=True)
+    state: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
     return state
 
 
@@ -218,7 +257,8 @@ class TorchBackend:
         if self.training.shard != "none":
             raise InvalidConfigError("TorchBackend trains unsharded; a sharded cell uses FsdpBackend")
         torch.set_num_threads(self.spec.torch_threads)
-        self.model = build_model(self.spec)
+        self.device = self.training.torch_device()
+        self.model = build_model(self.spec).to(self.device)
         self.model.train()
         if self.training.activation_checkpointing:
             enable_activation_checkpointing(self.model)
@@ -234,7 +274,10 @@ class TorchBackend:
         Under bfloat16 the model runs in autocast: the float32 parameters (the master weights)
         are cast per op, and the logprobs come out float32 as under float32."""
         dtype = self.training.compute_dtype
-        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        with (
+            torch.set_grad_enabled(grad),
+            torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32),
+        ):
             return packed_token_logprobs(self.model, step).float()
 
     def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
@@ -244,7 +287,7 @@ class TorchBackend:
         return flatten_parameters(self._params)
 
     def load_flat_parameters(self, flat: torch.Tensor) -> None:
-        load_flat_parameters(self._params, flat, "model")
+        load_flat_parameters(self._params, flat.to(self.device), "model")
 
     def flat_gradients(self) -> torch.Tensor:
         return flatten_gradients(self._params)
@@ -277,6 +320,7 @@ class TorchBackend:
         """
         if self._optimizer is None:
             self._optimizer = self._make_optimizer()
+        flat_gradients = flat_gradients.to(self.device)
         offset = 0
         for p in self._params:
             p.grad = flat_gradients[offset : offset + p.numel()].view_as(p).clone()
@@ -291,7 +335,9 @@ class TorchBackend:
         return norm
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach() for name, t in self.model.state_dict().items()}
+        """The weights by name, in host memory (publication serialises or broadcasts them over
+        gloo; an engine copies them onto its own device)."""
+        return {name: t.detach().cpu() for name, t in self.model.state_dict().items()}
 
     def save(self, path: Path) -> Path:
         """`save_pretrained` into `path` (safetensors and config.json)."""

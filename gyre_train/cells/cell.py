@@ -25,13 +25,15 @@ from gyre_train.cells.claims import MicroStepQueue, Phase, QueueConfig, Task
 from gyre_train.cells.membership import ReducePlan
 from gyre_train.cells.metrics import CellMetrics
 from gyre_train.cells.publish import EnginePublisherConfig, WeightPublisher
-from gyre_train.cells.replica import CellModel, RankLayout, layout_of
+from gyre_train.cells.replica import CellModel, RankLayout, TorchCells, layout_of
 from gyre_train.cells.wire import RatioShare
 from gyre_train.exceptions import CellFailedError, InvalidConfigError
 from gyre_train.objective import ExecutionClip, LossConfig
 from gyre_train.trajectories import MicroStep
 
 T = TypeVar("T")
+
+DIST_BACKENDS = ("gloo", "nccl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +83,21 @@ class CellConfig:
 
     def __post_init__(self) -> None:
         layout_of(self.model, self.cells, self.cell, self.position)  # raises on a bad place
-        if self.dist_backend != "gloo":
-            # NCCL collectives need CUDA tensors; the backends and the replica keep theirs on the CPU.
+        if self.dist_backend not in DIST_BACKENDS:
             raise InvalidConfigError(
-                f"cells run over gloo only (got {self.dist_backend!r}): GPU cells over NCCL are not built"
+                f"dist_backend must be one of {list(DIST_BACKENDS)}, got {self.dist_backend!r}"
             )
+        if self.dist_backend == "nccl" and self.device == "cpu":
+            # NCCL collectives move CUDA tensors: only cells whose model lives on a GPU use them.
+            raise InvalidConfigError(
+                "cells over nccl train on a GPU: set the device to 'cuda' (only unsharded PyTorch "
+                "cells have one; fsdp and megatron cells run over gloo on the CPU)"
+            )
+
+    @property
+    def device(self) -> str:
+        """Where this cell's model lives: an unsharded PyTorch cell's `training.device`, else "cpu"."""
+        return self.model.training.device if isinstance(self.model, TorchCells) else "cpu"
 
     @property
     def layout(self) -> RankLayout:

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis
+import torch
 import torch.distributed as dist
 
 from gyre_store import (
@@ -59,7 +60,7 @@ from gyre_train.cells.replica import Replica, open_backend
 from gyre_train.cells.rollout import RolloutEngine, RolloutEngineConfig
 from gyre_train.cells.satellite import run_satellite
 from gyre_train.cells.transport import make_transport
-from gyre_train.exceptions import CellFailedError
+from gyre_train.exceptions import CellFailedError, InvalidConfigError
 
 
 def run_cell(config: CellConfig, bursts: tuple[BurstPlan, ...]) -> None:
@@ -108,6 +109,15 @@ def _run(config: CellConfig, bursts: tuple[BurstPlan, ...], live: _Live | None) 
     layout = config.layout
     if config.dist_interface:
         os.environ["GLOO_SOCKET_IFNAME"] = config.dist_interface  # read when the group is made
+    if config.device != "cpu" and not torch.cuda.is_available():
+        raise InvalidConfigError(
+            f"cell {config.cell}: device {config.device!r}, but torch sees no CUDA device here"
+        )
+    if config.device == "cuda":
+        # "cuda": the machine's GPUs are taken round-robin by global rank (NCCL wants one per process).
+        torch.cuda.set_device(layout.rank % torch.cuda.device_count())
+    elif config.device.startswith("cuda:"):
+        torch.cuda.set_device(torch.device(config.device))
     dist.init_process_group(
         config.dist_backend,
         init_method=config.dist_init,

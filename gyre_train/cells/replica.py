@@ -197,6 +197,14 @@ def build_groups(layout: RankLayout) -> tuple[dict[int, Any], Any]:
     return prefixes, command
 
 
+def wire_device() -> torch.device:
+    """Where this process's collectives take their tensors: its current CUDA device under NCCL,
+    else the CPU (gloo; also when torch.distributed is not initialised)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class Replica:
     """This rank's share of its cell's replica; the leader's calls are mirrored by the followers."""
 
@@ -216,6 +224,9 @@ class Replica:
         self._transport = transport  # the leader's; followers have none
         self._board = board
         self._prefixes, self._command = build_groups(layout)
+        # Where the flat vectors meet across processes: NCCL moves CUDA tensors, gloo (and the
+        # Mooncake Transfer Engine, and torch.save) host tensors. The backend keeps its own on its device.
+        self._wire = wire_device()
         self._snapshot: torch.Tensor | None = None
         self._reduced: torch.Tensor | None = None
         self._ops: dict[str, Callable[..., Any]] = {
@@ -291,7 +302,8 @@ class Replica:
         """Satellite: load the core's snapshot at `policy_version`."""
         if self.layout.size == 1:
             assert self._transport is not None
-            flat = torch.empty(self.backend.numel, dtype=torch.float32)
+            pulled_on = self._wire if self._transport.name == "torch" else torch.device("cpu")
+            flat = torch.empty(self.backend.numel, dtype=torch.float32, device=pulled_on)
             self._transport.pull(flat, policy_version, timeout_s)
             self.backend.load_flat_parameters(flat)
             return
@@ -349,8 +361,13 @@ class Replica:
     def _reduce(self, prefix: int, loss: float) -> float | None:
         # Every rank of a cell holds the same loss share, so each position sums the same total.
         # The reduction runs on a copy: a failed one leaves the accumulated gradients as they were.
-        flat = torch.cat([self.backend.flat_gradients(), torch.tensor([loss], dtype=torch.float32)])
-        ok = torch.ones(1)
+        flat = torch.cat(
+            [
+                self.backend.flat_gradients().to(self._wire, torch.float32),
+                torch.tensor([loss], dtype=torch.float32, device=self._wire),
+            ]
+        )
+        ok = torch.ones(1, device=self._wire)
         if prefix > 1:
             try:
                 dist.reduce(
@@ -373,7 +390,7 @@ class Replica:
         return self.backend.apply_update(gradients)
 
     def _expose(self, policy_version: int) -> None:
-        self._snapshot = self.backend.flat_parameters()
+        self._snapshot = self.backend.flat_parameters().to(self._wire, torch.float32)
         if self._transport is not None:
             self._transport.expose(self._snapshot, policy_version)
         if self.layout.size > 1 and self.layout.leads:
@@ -388,7 +405,7 @@ class Replica:
             assert self._snapshot is not None  # exposed right after the update
             dist.broadcast(self._snapshot, src=core, group=self._prefixes[prefix])
             return
-        flat = torch.empty(self.backend.numel, dtype=torch.float32)
+        flat = torch.empty(self.backend.numel, dtype=torch.float32, device=self._wire)
         dist.broadcast(flat, src=core, group=self._prefixes[prefix])
         self.backend.load_flat_parameters(flat)
 
@@ -397,7 +414,7 @@ class Replica:
         dist.send(self._snapshot, dst=self.layout.rank_of(cell, self.layout.position))
 
     def _receive_snapshot(self) -> None:
-        flat = torch.empty(self.backend.numel, dtype=torch.float32)
+        flat = torch.empty(self.backend.numel, dtype=torch.float32, device=self._wire)
         dist.recv(flat, src=self.layout.rank_of(CORE, self.layout.position))
         self.backend.load_flat_parameters(flat)
 
@@ -408,7 +425,7 @@ class Replica:
             if self.layout.leads:
                 torch.save(named, target)
         else:
-            torch.save(self.backend.flat_parameters(), target)
+            torch.save(self.backend.flat_parameters().cpu(), target)
 
     def _save_gradient(self, directory: str, policy_version: int) -> None:
         assert self._reduced is not None  # the core reduces before it saves what it will apply
@@ -418,7 +435,7 @@ class Replica:
             if self.layout.leads:
                 torch.save(named, target)
         else:
-            torch.save(self._reduced.clone(), target)
+            torch.save(self._reduced.to("cpu", copy=True), target)
 
     def _publish(self, publisher: WeightPublisher, policy_version: int) -> None:
         publisher.publish(self.backend, policy_version)

@@ -77,6 +77,8 @@ class RolloutEngineConfig:
     sglang_command: tuple[str, ...] = ()
     log_dir: Path | None = None
     start_timeout_s: float = 600.0
+    # kind "reference": where its weights and KV cache live ("cpu", "cuda", "cuda:N").
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
@@ -127,7 +129,9 @@ def reference_engine_config(config: RolloutEngineConfig, folder: Path, version: 
     """The reference engine a rollout engine serves: the policy in ``folder`` at ``version``,
     its Mooncake Transfer Engine (KV migration) at the address other machines reach it at."""
     return ReferenceEngineConfig(
-        source=ModelSource(model_dir=folder, tokenizer=_tokenizer_of(config.initial_model)),
+        source=ModelSource(
+            model_dir=folder, tokenizer=_tokenizer_of(config.initial_model), device=config.device
+        ),
         max_context=config.max_context,
         seed=config.seed,
         weight_version=str(version),

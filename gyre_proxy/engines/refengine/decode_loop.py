@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import logging
 import threading
 from collections.abc import Callable
@@ -120,6 +121,7 @@ class DecodeLoop:
             min(loaded.vocab_size, max(loaded.tokenizer.vocab_size, 1)) if tokenizer_vocab_only else None
         )
         self._split = split_output_projection(loaded.model)
+        self._cache_keyword = cache_keyword(loaded.model)
         self.layout = cache_layout(loaded.model)  # None: this model's KV cannot migrate
         self.pinned = pinned if pinned is not None else PinnedCaches(KvLimits())
         self.prefixes = prefixes if prefixes is not None else PrefixCache(KvLimits())
@@ -318,6 +320,8 @@ class DecodeLoop:
             return
         hidden: list[torch.Tensor] = []
         fed: list[_Request] = []
+        # Ids go to the model's device; logits come back to the CPU, where sampling runs.
+        device = next(self.loaded.model.parameters()).device
         for request, ids in requests:
             try:
                 if request.cache is None:
@@ -326,12 +330,19 @@ class DecodeLoop:
                     # Only the last position's logits are needed: a long prompt over a large
                     # vocabulary would otherwise materialise prompt_len x vocab logits.
                     out = self.loaded.model(
-                        input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True, logits_to_keep=1
+                        input_ids=torch.tensor([ids], device=device),
+                        use_cache=True,
+                        logits_to_keep=1,
+                        **{self._cache_keyword: request.cache},
                     )
-                    request.next_logits = out.logits[0, -1]
+                    request.next_logits = out.logits[0, -1].cpu()
                     continue
                 body, _ = self._split
-                out = body(input_ids=torch.tensor([ids]), cache=request.cache, use_cache=True)
+                out = body(
+                    input_ids=torch.tensor([ids], device=device),
+                    use_cache=True,
+                    **{self._cache_keyword: request.cache},
+                )
                 hidden.append(out.last_hidden_state[0, -1])
                 fed.append(request)
             except Exception as exc:  # one broken request must not stop the loop
@@ -340,7 +351,7 @@ class DecodeLoop:
             return
         assert self._split is not None
         try:
-            logits = self._split[1](torch.stack(hidden))
+            logits = self._split[1](torch.stack(hidden)).cpu()
         except Exception as exc:
             for request in fed:
                 self._failed(request, exc)
@@ -360,7 +371,8 @@ class DecodeLoop:
             return DynamicCache(config=config), ids  # type: ignore[arg-type]
         entry, shared = found
         request.cached = shared
-        return cache_from_entry(entry, shared, config), ids[shared:]
+        device = next(self.loaded.model.parameters()).device
+        return cache_from_entry(entry, shared, config, device), ids[shared:]
 
     def _failed(self, request: _Request, exc: Exception) -> None:
         log.error("request %s failed", request.rid, exc_info=exc)
@@ -435,6 +447,15 @@ class DecodeLoop:
 
 # Model types whose logits are exactly ``lm_head(model(...).last_hidden_state)``.
 _PLAIN_HEAD_TYPES = frozenset({"qwen3", "qwen2", "llama", "mistral"})
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword a transformers model takes its KV cache by: ``cache`` since transformers
+    renamed it, ``past_key_values`` before. An unknown keyword is swallowed by the model's
+    ``**kwargs`` and the model then decodes each step without its cache (wrong logprobs, no
+    error), so the name is read from the signature rather than assumed."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def split_output_projection(

@@ -100,7 +100,9 @@ def entry_from_cache(
                     f"request {rid}: layer {index} {kind} are {shape}, not {expected}; "
                     "its cache does not cover every position"
                 )
-            out.append(tensor[0])  # [num_kv_heads, N, head_dim]
+            # [num_kv_heads, N, head_dim], in host memory: entries are served, migrated and
+            # matched as bytes whatever device the engine decodes on.
+            out.append(tensor[0].cpu())
     if len(keys) != layout.num_layers:
         raise CacheNotMigratable(
             f"request {rid}: {len(keys)} cache layers, the model has {layout.num_layers}"
@@ -108,16 +110,19 @@ def entry_from_cache(
     return KvEntry(rid, np.asarray(token_ids, dtype=np.int32), tuple(keys), tuple(values), weight_version)
 
 
-def cache_from_entry(entry: KvEntry, length: int, config: Any) -> Any:
+def cache_from_entry(entry: KvEntry, length: int, config: Any, device: torch.device | None = None) -> Any:
     """A new ``DynamicCache`` holding the first ``length`` positions of ``entry``.
 
     ``DynamicLayer.update`` concatenates, so the new cache owns copies: decoding into it never
-    writes the entry, which stays valid for the next request that shares its prefix.
+    writes the entry, which stays valid for the next request that shares its prefix. ``device``:
+    where the engine decodes (the entry's own device when None).
     """
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
     for index, (keys, values) in enumerate(zip(entry.keys, entry.values, strict=True)):
         # [num_kv_heads, N, head_dim] -> [1, num_kv_heads, length, head_dim]
+        if device is not None:
+            keys, values = keys.to(device), values.to(device)
         cache.update(keys[None, :, :length], values[None, :, :length], index)
     return cache

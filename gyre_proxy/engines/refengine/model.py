@@ -54,6 +54,10 @@ class ModelSource:
     model_dir: Path | None = None
     seed: int = 0
     tokenizer: str | None = None  # "qwen" for the Qwen vocabulary; default: from model_dir or bytes
+    # Where the weights and the KV cache live: "cpu" (the default), "cuda" or "cuda:N". Sampling
+    # stays on the CPU (each step's last logits are copied there), so a seed draws the same
+    # tokens from the same logits on either device.
+    device: str = "cpu"
 
 
 @dataclass
@@ -66,6 +70,22 @@ class LoadedModel:
     vocab_size: int
     max_positions: int
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+
+def engine_device(name: str) -> torch.device:
+    """The torch device named by an engine's ``device`` setting; raises ``ModelLoadError`` for a
+    name that is not "cpu", "cuda" or "cuda:N", or a CUDA device this process cannot see."""
+    if name == "cpu":
+        return torch.device("cpu")
+    head, _, index = name.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise ModelLoadError(f"engine device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    if not torch.cuda.is_available():
+        raise ModelLoadError(f"engine device {name!r}: torch sees no CUDA device here")
+    device = torch.device(name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"engine device {name!r}: only {torch.cuda.device_count()} CUDA devices here")
+    return device
 
 
 def _config_from_dict(config: Mapping[str, Any]) -> Any:
@@ -113,6 +133,7 @@ def load_model(source: ModelSource) -> LoadedModel:
         except ValueError as exc:
             raise ModelLoadError(f"no causal LM for this config: {exc}") from exc
         model_path = f"gyre-reference/{hf_config.model_type}"
+    model.to(engine_device(source.device))
     model.eval()
     tokenizer = load_tokenizer(source.model_dir, source.tokenizer)
     vocab_size = int(model.config.vocab_size)

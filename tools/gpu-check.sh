@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU checks in one command, on a machine with a CUDA device (tests/gpu, `-m gpu`): a PyTorch
+# cell training on the GPU against the same cell on the CPU (losses, gradient norms, weights
+# after unclipped SGD), bfloat16 on the device with float32 master weights, two cells sharing
+# one GPU over gloo (reduce onto the core, broadcast back), the reference engine decoding on the
+# GPU against the CPU, and a GPU core publishing to a GPU engine by tensor and by broadcast.
+#
+# It runs on the machine's own python3 (PYTHON=... to choose), which must hold torch with CUDA,
+# transformers and pytest. gyre's other dependencies come from that Python, or from wheels in
+# ./.whl (for a machine that reaches no package index), installed under /tmp for this run only.
+# Extra arguments go to pytest. Exits non-zero when a check fails or no CUDA device is seen.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/gyre-gpu-site .whl/*.whl
+  export PYTHONPATH=/tmp/gyre-gpu-site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+if ! "$PY" -c "import gyre_tools" 2> /dev/null; then  # tools/ is the package gyre_tools once installed
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/gyre-gpu-site .
+  export PYTHONPATH=$PYTHONPATH:/tmp/gyre-gpu-site
+fi
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+fi
+"$PY" - <<'PY'
+import sys
+import torch
+if not torch.cuda.is_available():
+    sys.exit("gpu-check: torch sees no CUDA device here")
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}, "
+      f"{torch.cuda.device_count()} device(s)")
+PY
+start=$(date +%s)
+# -W default: the suite turns warnings into errors for the pinned versions it is developed
+# against; a GPU machine's own torch and transformers may warn about other things.
+"$PY" -m pytest tests/gpu -m gpu -q -p no:cacheprovider -W default --durations=0 -rA "$@"
+echo "gpu-check: the GPU tests passed in $(($(date +%s) - start)) s"
+[ "${GYRE_GPU_CHECK_LIVE:-1}" = 0 ] && exit 0
+
+live=${GYRE_GPU_CHECK_DIR:-/tmp/gyre-gpu-check}
+rm -rf "$live" && mkdir -p "$live"
+cat > "$live/run.toml" <<'TOML'
+seed = 7
+steps = 4
+policy = "elastic"
+mu = 2
+B = 4
+N = 2
+cells = 3
+rollout_engines = 1
+engine_capacity = 4
+engine_device = "cuda"
+tau_s = 0.0
+[model]
+init = "random"
+max_tokens = 32
+max_context = 2048
+[train]
+device = "cuda"
+micro_step_tokens = 2048
+skip_zero_advantage = false
+[tasks]
+train = 8
+heldout = 2
+budget_s = 150
+[eval]
+heldout = false
+TOML
+start=$(date +%s)
+"$PY" -m gyre_tools.cli run --config "$live/run.toml" --json "$live/run.json" --data-dir "$live/data" \
+  --metrics none --quiet
+"$PY" - "$live/run.json" <<'PY'
+import json, statistics, sys
+run = json.load(open(sys.argv[1]))
+steps = run["steps"]
+print(f"gyre run on the GPU: {len(steps)} steps, {run['transitions']} transitions, {run['run_wall_s']:.1f} s")
+paper = {"to_training": 8.52, "to_rollout": 3.46}
+for direction in sorted({t["direction"] for t in run["transition_times"]}):
+    times = [t["total_s"] for t in run["transition_times"] if t["direction"] == direction]
+    phases = sorted({k for t in run["transition_times"] if t["direction"] == direction for k in t} - {"direction", "cell", "total_s"})
+    print(f"  {direction}: median {statistics.median(times):.2f} s over {len(times)} "
+          f"[{min(times):.2f}-{max(times):.2f}] (paper: {paper.get(direction, 'n/a')} s); phases {phases}")
+if len(steps) != 4 or run["transitions"] == 0:
+    sys.exit("gpu-check: the live run did not train every step with cells moving")
+PY
+echo "gpu-check: the live run passed in $(($(date +%s) - start)) s"
