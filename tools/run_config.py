@@ -81,6 +81,8 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     kind: str = "local"
     boot_concurrency: NonNeg = 16  # sandboxed executions started within 10 s of each other (0: no cap)
     boot_retries: NonNeg = 2  # starts again of a harness that died while booting
+    # the total an execution's writable binds may hold, bwrap/podman/docker (0: no cap)
+    disk_mb: NonNeg = 10240
 
 
 class EvalConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -574,6 +576,7 @@ heldout_ids = {json.dumps(k.heldout_ids)}        # a sourced task set: these tas
 kind = "{config.sandbox.kind}"   # where harnesses and tests run: local (the host: isolates nothing), bwrap, podman or docker (docs/sandboxes.md)
 boot_concurrency = {config.sandbox.boot_concurrency}  # sandboxed executions booting at once (started less than 10 s ago); 0: no cap; local: never capped
 boot_retries = {config.sandbox.boot_retries}       # a harness that exits non-zero within 10 s of its start is started again, this many times, within its budget
+disk_mb = {config.sandbox.disk_mb}        # the most an execution's workspace, home and snapshots may hold together, in MB (bwrap, podman, docker: a file system of that size; a write past it fails, the harness goes on); 0: no cap; local: never capped
 
 [eval]
 heldout = {str(e.heldout).lower()}   # evaluate the held-out instances before the first and after the last step

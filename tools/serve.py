@@ -254,7 +254,10 @@ def run_launcher(args: argparse.Namespace) -> int:
         proxy = proxy_url(opened.log, args.run, args.proxy_url)
         root = Path(config.run_dir) / "workspaces"
         placement = SandboxPlacement(
-            config.sandbox.kind, proxy_url=proxy, relay_dir=Path(config.run_dir) / "relay"
+            config.sandbox.kind,
+            proxy_url=proxy,
+            relay_dir=Path(config.run_dir) / "relay",
+            disk_mb=config.sandbox.disk_mb or None,
         )
         launcher = Launcher(
             opened.log,
