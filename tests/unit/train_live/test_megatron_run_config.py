@@ -10,20 +10,17 @@ import pytest
 
 from gyre_store import InMemoryEventLog
 from gyre_tools.node_plan import node_plan
-from gyre_tools.run_config import DEMO, ConfigFileError, parse_config, to_toml
+from gyre_tools.run_config import DEMO, ConfigFileError, parse_config
 from gyre_train.cells import MegatronCells, TorchCells
 from tests.integration.train_stream.test_megatron_qwen3 import write_tiny
+from tests.unit.train_live.config_keys import assert_documented_and_round_trips, assert_refused_in_one_line
 
 
 def test_the_written_config_documents_and_round_trips_the_megatron_keys() -> None:
     config = msgspec.structs.replace(
         DEMO, policy="async", train=msgspec.structs.replace(DEMO.train, backend="megatron", tp=2, pp=1)
     )
-    text = to_toml(config)
-    for key in ("backend = ", "tp = ", "pp = "):
-        line = next(line for line in text.splitlines() if line.startswith(key))
-        assert "#" in line  # every key carries its documentation
-    assert parse_config(text) == config
+    assert_documented_and_round_trips(config, ("backend", "tp", "pp"))
 
 
 @pytest.mark.parametrize(
@@ -36,9 +33,7 @@ def test_the_written_config_documents_and_round_trips_the_megatron_keys() -> Non
     ],
 )
 def test_a_bad_backend_setting_is_refused_in_one_line(train: str, why: str) -> None:
-    with pytest.raises(ConfigFileError, match=why) as refused:
-        parse_config(f'policy = "async"\n[train]\n{train}\n', where="run.toml")
-    assert "\n" not in str(refused.value)
+    assert_refused_in_one_line(f'policy = "async"\n[train]\n{train}\n', why)
 
 
 def test_megatron_needs_cells_that_stay_trainers() -> None:
