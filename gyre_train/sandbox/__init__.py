@@ -2,7 +2,8 @@
 long-running harness) and one module per kind: ``local``, a process group on the host; ``bwrap``,
 bubblewrap namespaces; ``podman``, rootful podman containers; ``docker``, the Docker Engine API
 (``gyre_train.sandbox.docker``, imported by ``sandbox_for`` since it needs the docker SDK).
-``disk`` caps the total the confined kinds' writable binds hold.
+``disk`` caps the total the confined kinds' writable binds hold; ``users`` is the unprivileged
+user they run a harness as (every bwrap command).
 The proxy is reached from inside through a ``UnixRelay``. Knows nothing of tasks, runs, the event
 log or training.
 """

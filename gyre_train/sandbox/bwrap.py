@@ -8,7 +8,7 @@ is read-only. Its environment is built from nothing. Limits are rlimits set by `
 inside, but ``disk_mb``: the writable binds on a file system of that size (``disk``). Started
 by root, bwrap runs as an unprivileged user (``uid``, nobody by default), since the kernel
 applies no process limit to root: writable binds are handed to that user, and every bind must
-be readable by it. A prepared process may also reach the proxy's port on its own
+be readable by it (``users``). A prepared process may also reach the proxy's port on its own
 loopback, relayed through a unix socket (``gyre_train.sandbox.relay``).
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -34,8 +33,8 @@ from gyre_train.sandbox.base import (
 )
 from gyre_train.sandbox.disk import DiskCap
 from gyre_train.sandbox.relay import INSIDE_SCRIPT, check_route, route_binds, routed
+from gyre_train.sandbox.users import NOBODY, check_reachable, hand_over
 
-NOBODY = 65534
 ROOT_LINKS = ("bin", "lib", "lib64", "sbin")  # merged-/usr links (or folders) of the host root
 ETC_FILES = (
     "passwd",
@@ -142,8 +141,8 @@ class BwrapSandbox(Sandbox):
                 raise SandboxError(f"binds: {bind.source} does not exist")
             if self._drop:
                 if bind.writable:
-                    _hand_over(bind.source, self._uid)
-                _check_reachable(bind.source, self._uid)
+                    hand_over(bind.source, self._uid)
+                check_reachable(bind.source, self._uid)
         # the root is bwrap's own tmpfs: once every mount point is made, nothing else may write it
         argv = [
             *self._prefix(),
@@ -162,8 +161,8 @@ class BwrapSandbox(Sandbox):
     def _route_binds(self, route: ProxyRoute) -> list[str]:
         check_route(route)
         if self._drop:
-            _check_reachable(route.socket.parent, self._uid, what="route")
-            _check_reachable(INSIDE_SCRIPT, self._uid, what="route")
+            check_reachable(route.socket.parent, self._uid, what="route")
+            check_reachable(INSIDE_SCRIPT, self._uid, what="route")
         return self._binds(route_binds(route))
 
     def _prefix(self) -> list[str]:
@@ -201,28 +200,3 @@ class BwrapSandbox(Sandbox):
 def _host_env() -> dict[str, str]:
     """What bwrap itself runs with: the host's PATH, nothing else (the sandbox's is --setenv)."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-
-
-def _hand_over(root: Path, uid: int) -> None:
-    """Make ``root`` and everything under it ``uid``'s, so the sandbox's user may write it."""
-    os.chown(root, uid, uid, follow_symlinks=False)
-    if root.is_dir() and not root.is_symlink():
-        for folder, dirs, files in os.walk(root):
-            for name in dirs + files:
-                os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
-
-
-def _check_reachable(path: Path, uid: int, *, what: str = "binds") -> None:
-    """Raise SandboxError unless user ``uid`` (no groups) can reach and read ``path``."""
-    resolved = path.resolve()
-    for folder in [*reversed(resolved.parents), resolved]:
-        info = folder.stat()
-        own = info.st_uid == uid
-        need = stat.S_IXUSR if own else stat.S_IXOTH
-        if folder == resolved:
-            need = (stat.S_IRUSR if own else stat.S_IROTH) | (need if folder.is_dir() else 0)
-        if info.st_mode & need != need:
-            raise SandboxError(
-                f"{what}: {path} is not readable by the sandbox's user {uid} ({folder} has mode "
-                f"{stat.filemode(info.st_mode)}); put it in a folder others may read"
-            )

@@ -5,7 +5,8 @@ the cgroup, CPU time and file size by ``prlimit`` inside, the writable binds' to
 mounted on this host), created, started, waited on and removed by the ``docker`` SDK at
 ``base_url`` (default ``DOCKER_HOST``). The API cannot unset an
 image's own ``ENV``: those variables stay beneath ``minimal_env`` (a task's image built from its
-Dockerfile holds only the task's). Tested against podman's Docker-compatible service.
+Dockerfile holds only the task's). A prepared harness runs as an unprivileged user with no
+capabilities, as under ``podman``. Tested against podman's Docker-compatible service.
 
 ``prepare`` runs ``python -m gyre_train.sandbox.docker attach SPEC``: a small client that starts
 the container, copies its output, exits with its status, and removes it on SIGTERM.
@@ -55,6 +56,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
+from gyre_train.sandbox.users import NOBODY, sandbox_user
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 API_TIMEOUT_S = 60
@@ -82,7 +84,8 @@ def create_kwargs(
     harness: Harness | None = None,
 ) -> dict[str, Any]:
     """Arguments of ``containers.create`` for ``command`` in a new container ``name`` of ``image``;
-    a ``harness`` (``prepare``'s) adds a read-only root with a tmpfs ``/tmp``, and the route."""
+    a ``harness`` (``prepare``'s) adds a read-only root with a tmpfs ``/tmp``, its user with no
+    capabilities, and the route."""
     if harness is not None:
         binds = harness.binds(binds)
     kwargs: dict[str, Any] = {
@@ -104,6 +107,9 @@ def create_kwargs(
     if harness is not None:
         kwargs["read_only"] = True
         kwargs["tmpfs"] = {"/tmp": Harness.tmp_options(limits)}
+        if (user := harness.user_spec()) is not None:
+            kwargs["user"] = user
+            kwargs["cap_drop"] = ["ALL"]
     return kwargs
 
 
@@ -112,8 +118,9 @@ class DockerSandbox(ContainerSandbox):
 
     kind = "docker"
 
-    def __init__(self, *, image: str = BASE_IMAGE, base_url: str | None = None) -> None:
+    def __init__(self, *, image: str = BASE_IMAGE, base_url: str | None = None, uid: int = NOBODY) -> None:
         self.image = image
+        self.uid = uid
         self.base_url = docker_host(base_url)
         client = None
         try:
@@ -198,11 +205,12 @@ class DockerSandbox(ContainerSandbox):
         route: ProxyRoute | None = None,
     ) -> Prepared:
         """``run``'s container for a long-running command, shaped by ``Harness`` (a read-only
-        root with a tmpfs ``/tmp``, the route when given), run by ``attach`` in a process of its
-        own; ``cleanup`` removes the container, and every process in it, then copies the files
-        of writable binds capped by ``disk_mb`` back (``disk.DiskCap``: mounted here, on this
-        host, so the engine must be this host's)."""
-        harness = Harness(name, route)
+        root with a tmpfs ``/tmp``, the route when given, an unprivileged user with no
+        capabilities: ``users``, the writable binds handed to it here), run by ``attach`` in a
+        process of its own; ``cleanup`` removes the container, and every process in it, then
+        copies the files of writable binds capped by ``disk_mb`` back (``disk.DiskCap``: mounted
+        here, on this host, so the engine must be this host's)."""
+        harness = Harness(name, route, sandbox_user(self.uid))
         harness.check()
         check_binds(workdir, harness.binds(binds))
         container = container_name(name)
@@ -214,7 +222,7 @@ class DockerSandbox(ContainerSandbox):
             "binds": [[str(b.source), b.target, b.writable] for b in binds],
             "env": dict(env or {}),
             "limits": [limits.memory_mb, limits.cpu_s, limits.processes, limits.file_size_mb],
-            "harness": [name, None if route is None else [str(route.socket), route.port]],
+            "harness": [name, None if route is None else [str(route.socket), route.port], harness.user],
         }
         argv = (sys.executable, "-m", "gyre_train.sandbox.docker", "attach", self.base_url, json.dumps(spec))
         env_out = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "HOME": os.environ.get("HOME", "/root")}
@@ -222,6 +230,11 @@ class DockerSandbox(ContainerSandbox):
             env_out["PYTHONPATH"] = os.environ["PYTHONPATH"]
         cap = DiskCap(binds, limits.disk_mb)
         cap.mount()
+        try:
+            harness.hand_over(binds)  # onto the capped binds, the files the command sees
+        except BaseException:
+            cap.release()
+            raise
 
         def cleanup() -> None:
             try:
@@ -294,8 +307,12 @@ def attach(base_url: str, spec: dict[str, Any]) -> int:
     its exit status; on SIGTERM or SIGINT remove it (killing what runs in it) and return 143."""
     memory_mb, cpu_s, processes, file_size_mb = spec["limits"]
     binds = [Bind(Path(source), target, writable) for source, target, writable in spec["binds"]]
-    name, route = spec["harness"]
-    harness = Harness(name, None if route is None else ProxyRoute(Path(route[0]), route[1]))
+    name, route, user = spec["harness"]
+    harness = Harness(
+        name,
+        None if route is None else ProxyRoute(Path(route[0]), route[1]),
+        None if user is None else (int(user[0]), int(user[1])),
+    )
     kwargs = create_kwargs(
         spec["image"],
         spec["command"],

@@ -26,6 +26,7 @@ from typing import Self
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox.base import Bind, Limits, ProxyRoute, Sandbox, minimal_env
 from gyre_train.sandbox.relay import check_route, route_binds, routed
+from gyre_train.sandbox.users import NOBODY, hand_binds_over
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,11 @@ def in_container(command: Sequence[str], limits: Limits) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class Harness:
     """What a prepared (long-running) container has that a one-off run's has not: ``name``, the
-    execution's, marking its processes; the ``route`` to the proxy, if any; and, as under bwrap,
-    a read-only root file system with a fresh ``/tmp`` no larger than the file-size limit (a
-    container's own writable layer lies on the host's disk, with no limit on its total).
+    execution's, marking its processes; the ``route`` to the proxy, if any; the ``user`` (uid,
+    gid) its command runs as, with no capabilities (``users.sandbox_user``; None: the image's
+    user); and, as under bwrap, a read-only root file system with a fresh ``/tmp`` no larger
+    than the file-size limit (a container's own writable layer lies on the host's disk, with no
+    limit on its total).
 
     A container's process and memory limits are its cgroup's and hold every process in it, the
     forwarder's too: ``pids_limit`` adds the container's own helpers to what the command gets.
@@ -121,6 +124,7 @@ class Harness:
 
     name: str
     route: ProxyRoute | None = None
+    user: tuple[int, int] | None = None
 
     def check(self) -> None:
         """Raise SandboxError when the route's socket is not served (``relay.check_route``)."""
@@ -136,6 +140,18 @@ class Harness:
         one (``relay.routed``): the forwarder is outside ``prlimit``, as under bwrap."""
         inner = in_container(command, limits)
         return inner if self.route is None else routed(inner, self.route, self.name)
+
+    def hand_over(self, binds: Sequence[Bind]) -> None:
+        """As root, hand the writable ``binds`` to ``user`` and check that it reads every bind,
+        the route's too (``users.hand_binds_over``; SandboxError naming one it cannot). Called
+        with the writable binds already capped (``disk.DiskCap.mount``), so that the hand-over
+        reaches the files the command sees."""
+        if self.user is not None:
+            hand_binds_over(binds, self.user, route=self.binds(()))
+
+    def user_spec(self) -> str | None:
+        """``uid:gid`` for the engine's user option, or None for the image's user."""
+        return None if self.user is None else f"{self.user[0]}:{self.user[1]}"
 
     def pids_limit(self, processes: int, *, init: bool) -> int:
         """The cgroup's process limit for a command allowed ``processes``: plus the engine's init
@@ -181,11 +197,14 @@ def container_name(name: str | None = None) -> str:
 
 class ContainerSandbox(Sandbox):
     """A sandbox that runs commands in containers of ``image``; ``image_for`` chooses (and
-    builds) a task's image, ``with_image`` gives the same sandbox running another."""
+    builds) a task's image, ``with_image`` gives the same sandbox running another. A prepared
+    harness runs as ``uid`` when gyre is root (``users.sandbox_user``), a one-off ``run`` as
+    the image's user."""
 
     remaps = True
     python = "/usr/bin/python3"  # the base image's (the host's); an image of a task's own may differ
     image: str
+    uid: int = NOBODY
 
     @abstractmethod
     def with_image(self, image: str) -> Self:

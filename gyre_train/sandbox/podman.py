@@ -6,6 +6,8 @@ writable), memory and process limits as cgroup limits, CPU time and file size as
 ``prlimit`` inside (``images.in_container``), the total of the writable binds by a file system
 of ``disk_mb`` mounted over them (``disk``); its own root file system is the image's, writable
 and discarded with it. A timeout removes the container (killing the client leaves it running).
+A one-off ``run`` (a task's tests) runs as the image's user; a prepared harness as an
+unprivileged user with no capabilities (``prepare``).
 
 Podman runs with ``--runtime runc --cgroup-manager cgroupfs`` and ``CONTAINERS_CONF`` pointing to
 gyre's containers.conf (``/etc/containers/gyre.conf``): ``tools/podman_setup.sh`` writes it and
@@ -45,6 +47,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
+from gyre_train.sandbox.users import NOBODY, sandbox_user
 
 CONF = Path("/etc/containers/gyre.conf")
 GLOBAL_FLAGS = ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
@@ -90,8 +93,8 @@ def run_args(
 ) -> list[str]:
     """``podman run`` arguments (after the global flags) for ``command`` in a new container
     ``name`` of ``image``, removed when it ends; a ``harness`` (``prepare``'s) adds an init, a
-    read-only root with a tmpfs ``/tmp``, and the route. Raises SandboxError for an empty
-    command."""
+    read-only root with a tmpfs ``/tmp``, its user with no capabilities, and the route. Raises
+    SandboxError for an empty command."""
     args = ["run", "--rm", "--name", name, "--network", "none", "--unsetenv-all"]
     args += ["--security-opt", "no-new-privileges", "--pull", "never", "--entrypoint", "", "-w", workdir]
     if harness is not None:
@@ -103,6 +106,8 @@ def run_args(
             "--tmpfs",
             f"/tmp:{Harness.tmp_options(limits)}",
         ]
+        if (user := harness.user_spec()) is not None:
+            args += ["--user", user, "--cap-drop", "all"]
         binds = harness.binds(binds)
     if limits.memory_mb is not None:  # swap as large as memory: none beyond it
         args += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
@@ -122,10 +127,11 @@ class PodmanSandbox(ContainerSandbox):
 
     kind = "podman"
 
-    def __init__(self, *, image: str = BASE_IMAGE) -> None:
+    def __init__(self, *, image: str = BASE_IMAGE, uid: int = NOBODY) -> None:
         if (missing := podman_missing()) is not None:
             raise SandboxError(missing)
         self.image = image
+        self.uid = uid
         self._env = podman_env()
 
     def with_image(self, image: str) -> Self:
@@ -179,10 +185,12 @@ class PodmanSandbox(ContainerSandbox):
         route: ProxyRoute | None = None,
     ) -> Prepared:
         """``run``'s container for a long-running command, shaped by ``Harness``: an init, a
-        read-only root with a tmpfs ``/tmp``, the route when given. Killing the ``podman run``
-        client leaves the container running: ``cleanup`` removes it, and every process in it,
-        then copies the files of writable binds capped by ``disk_mb`` back (``disk.DiskCap``)."""
-        harness = Harness(name, route)
+        read-only root with a tmpfs ``/tmp``, the route when given, and run as an unprivileged
+        user with no capabilities (``--user``, ``--cap-drop all``; ``users``: as root, nobody,
+        the writable binds handed to it). Killing the ``podman run`` client leaves the container
+        running: ``cleanup`` removes it, and every process in it, then copies the files of
+        writable binds capped by ``disk_mb`` back (``disk.DiskCap``)."""
+        harness = Harness(name, route, sandbox_user(self.uid))
         harness.check()
         check_binds(workdir, harness.binds(binds))
         container = container_name(name)
@@ -201,6 +209,11 @@ class PodmanSandbox(ContainerSandbox):
         cap = DiskCap(binds, limits.disk_mb)
         try:
             cap.mount()
+            try:
+                harness.hand_over(binds)  # onto the capped binds, the files the command sees
+            except BaseException:
+                cap.release()
+                raise
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise

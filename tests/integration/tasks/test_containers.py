@@ -101,6 +101,7 @@ def box(request: pytest.FixtureRequest, podman: PodmanSandbox) -> Iterator[Conta
 @pytest.fixture
 def area() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="gyre-container-test-"))
+    path.chmod(0o755)  # a prepared container's user (nobody) passes through it
     (path / "ws").mkdir()
     (path / "ro").mkdir()
     (path / "ro" / "given.txt").write_text("read me\n")

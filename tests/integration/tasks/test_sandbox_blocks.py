@@ -2,7 +2,8 @@
 run the way a harness runs: ``prepare`` with a route to a stand-in proxy, started in a process
 group of its own with exactly the prepared environment, its group killed, its cleanup called.
 
-The agent tries six things: (a) to read the run's database URL and an API key from the
+The agent first says which user it runs as (not root, no capabilities, under a confined kind),
+then tries six things: (a) to read the run's database URL and an API key from the
 caller's environment, (b) to write outside its workspace, (c) to reach PostgreSQL's port and a
 port on another address of the host, (d) to fork past the process limit, (e) to write twice the
 file-size limit, then more than the disk cap in files each under that limit, (f) to leave a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -39,6 +41,7 @@ import pytest
 from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, bwrap_missing, sandbox_for
 from gyre_train.sandbox.docker import DockerSandbox
 from gyre_train.sandbox.relay import UnixRelay
+from gyre_train.sandbox.users import NOBODY
 from tests.integration.tasks.test_containers import docker_url, podman  # noqa: F401 (fixtures)
 from tests.integration.tasks.test_sandbox_route import (
     ProxyHandler,
@@ -94,6 +97,7 @@ class Outcome:
     left_after_kill: list[str]  # processes naming this run once its group was killed
     host_files: dict[str, bool]  # outside-the-workspace targets (host paths): do they exist?
     workspace: dict[str, int]  # the workspace's files on the host after the cleanup: their sizes
+    owners: set[int]  # the uids owning those files on the host
     still_mounted: bool  # is the workspace still a mount point after the cleanup?
     other_port: int
     outside: str | None  # "address:port" of a listener on the host's other address
@@ -199,9 +203,8 @@ def _run(
         str(p).replace("{name}", name): Path(str(p).replace("{name}", name)).exists() for p in outside
     }
     host_files[str(launcher / name)] = (launcher / name).exists()
-    files = {
-        p.relative_to(workspace).as_posix(): p.stat().st_size for p in workspace.rglob("*") if p.is_file()
-    }
+    written = [p for p in workspace.rglob("*") if p.is_file()]
+    files = {p.relative_to(workspace).as_posix(): p.stat().st_size for p in written}
     return Outcome(
         sandbox.kind,
         name,
@@ -210,6 +213,7 @@ def _run(
         left,
         host_files,
         files,
+        {p.stat().st_uid for p in written},
         workspace.is_mount(),
         stage.other_port,
         stage.outside,
@@ -230,6 +234,7 @@ def confined(request: pytest.FixtureRequest, stage: Stage) -> Outcome:
         request.getfixturevalue("podman")
         sandbox = DockerSandbox(base_url=request.getfixturevalue("docker_url"))
     plan = {
+        "user": True,
         "secrets": [SECRET_URL.encode().hex(), FAKE_KEY.encode().hex()],
         "writes": [
             f"{WORKDIR}/inside.txt",
@@ -257,6 +262,7 @@ def local(stage: Stage) -> Outcome:
     """The agent under ``local``, without the fork bomb (as root no process limit applies: it
     would reach the host) and writing only inside the test's own folder."""
     plan = {
+        "user": True,
         "secrets": [SECRET_URL.encode().hex(), FAKE_KEY.encode().hex()],
         "writes": ["inside.txt", "../launcher/{name}"],
         "connect": _targets(stage),
@@ -267,6 +273,23 @@ def local(stage: Stage) -> Outcome:
 
 
 # ---- the confined kinds: each attempt blocked
+
+
+def test_the_agent_is_not_root_and_has_no_capabilities(confined: Outcome) -> None:
+    """Started by root, every confined kind runs the agent as nobody (bwrap, and a prepared
+    container's ``--user``; by another user, as that user), with no capability, effective or
+    in its bounding set (``--cap-drop all``)."""
+    user = confined.reports["user"]
+    expected = NOBODY if os.geteuid() == 0 else os.geteuid()
+    assert 0 not in (user["uid"], user["euid"], user["gid"], *user["groups"]), user
+    assert (user["uid"], user["euid"]) == (expected, expected), user
+    assert (user["cap_eff"], user["cap_bnd"]) == (0, 0), user  # none held, none to be gained
+
+
+def test_the_agents_files_are_its_users_on_the_host(confined: Outcome) -> None:
+    """The files it wrote in the workspace are owned on the host by the user it ran as (no user
+    namespace maps it to another), which root, the evaluator, reads and writes."""
+    assert confined.owners == {confined.reports["user"]["uid"]}, confined.owners
 
 
 def test_a_secrets_of_the_caller_are_not_visible(confined: Outcome) -> None:
@@ -350,6 +373,11 @@ def test_the_route_to_the_proxy_still_works(confined: Outcome) -> None:
 
 
 # ---- local: what it does not block
+
+
+def test_local_runs_as_the_callers_own_user(local: Outcome) -> None:
+    user = local.reports["user"]
+    assert (user["uid"], user["euid"]) == (os.geteuid(), os.geteuid()), user
 
 
 def test_local_hides_the_callers_environment(local: Outcome) -> None:

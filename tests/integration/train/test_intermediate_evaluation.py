@@ -10,6 +10,7 @@ admission never trains on them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -39,11 +40,16 @@ from gyre_store import (
 from gyre_store.catalog import Provenance
 from gyre_store.trees import TreeProjection, TreeView
 from gyre_tools.placement import SandboxPlacement
+from gyre_train.sandbox import bwrap_missing
+from gyre_train.sandbox.users import NOBODY
 from gyre_train.tasks import family, instances
 from gyre_train.trajectories import stored_execution
+from tests.integration.tasks.test_containers import docker_url, podman  # noqa: F401 (fixtures)
 from tests.integration.train.launch_and_score import request_execution, run_until
+from tests.real_servers import require
 
 RUN = "ask-run"
+DISK_MB = 64  # the sandboxed harness's writable binds, the snapshots folder among them, capped
 
 
 def call(name: str, args: dict[str, str]) -> str:
@@ -69,12 +75,27 @@ def open_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("kind", ["local", "bwrap"])
+@pytest.fixture(params=["local", "bwrap", "podman", "docker"])
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The sandbox kind; ``docker`` is the Docker Engine API of podman's own service, started
+    for this module (``test_containers``' fixtures), named by DOCKER_HOST."""
+    kind: str = request.param
+    if kind == "bwrap":
+        require("bwrap", bwrap_missing())
+    elif kind == "podman":
+        request.getfixturevalue("podman")
+    elif kind == "docker":
+        request.getfixturevalue("podman")
+        monkeypatch.setenv("DOCKER_HOST", request.getfixturevalue("docker_url"))
+    return kind
+
+
 def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
     database_url: str, open_tmp: Path, kind: str
 ) -> None:
-    """Under ``bwrap`` the harness runs sandboxed, writes its snapshot into the execution's
-    snapshots folder bound writable at ``/gyre/snapshots``, and asks by the host's path."""
+    """Under ``bwrap``, ``podman`` and ``docker`` the harness runs sandboxed (as nobody, its
+    writable binds under a disk cap), writes its snapshot into the execution's snapshots folder
+    bound writable at ``/gyre/snapshots``, and asks by the host's path."""
     tmp_path = open_tmp
     [instance] = [i for i in instances("copy-line", family("copy-line"), count=200, split=TaskSplit.TRAIN, seed=0)
                   if i.key.startswith("apple ")][:1]  # fmt: skip
@@ -94,7 +115,9 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
         config = ProxyConfig(engines=[("e0", engine.base_url)], harness="builtin", context_limit=8192)
         with ProxyService(log, config) as proxy:
             placement = (
-                SandboxPlacement(kind, proxy_url=proxy.base_url, relay_dir=tmp_path / "relay")
+                SandboxPlacement(
+                    kind, proxy_url=proxy.base_url, relay_dir=tmp_path / "relay", disk_mb=DISK_MB
+                )
                 if kind != "local"
                 else None
             )
@@ -128,6 +151,9 @@ def test_an_intermediate_evaluations_critique_is_recorded_as_critique(
         snapshot = (tmp_path / "ws" / "ask-e0" / "snapshots" / asked.artifact_version).resolve()
         assert preserved.location == str(snapshot)  # the folder the run recorded, on the host
         assert (snapshot / "answer.txt").read_text() == "apple wrong\n"
+        if kind != "local":  # written inside the sandbox by its user, kept past the disk cap's cleanup
+            assert snapshot.stat().st_uid == (NOBODY if os.geteuid() == 0 else os.geteuid())
+            assert not (tmp_path / "ws" / "ask-e0" / "snapshots").is_mount()
 
         catch_up(log, store, TreeProjection())
         view = TreeView.load(store, "ask-e0")

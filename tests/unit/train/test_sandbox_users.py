@@ -1,0 +1,78 @@
+"""The unprivileged user of a prepared container, without an engine: ``--user`` and
+``--cap-drop all`` (podman) and ``user`` and ``cap_drop`` (the Docker API) for a harness with a
+user, neither for a one-off run; who that user is (``users.sandbox_user``); and the hand-over of
+writable binds to it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gyre_train.exceptions import SandboxError
+from gyre_train.sandbox import Bind
+from gyre_train.sandbox.docker import create_kwargs
+from gyre_train.sandbox.images import Harness
+from gyre_train.sandbox.podman import run_args
+from gyre_train.sandbox.users import NOBODY, hand_binds_over, sandbox_user
+
+USER = (4321, 4322)
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A folder others may pass through (pytest's own are its owner's only)."""
+    path = Path(tempfile.mkdtemp(prefix="gyre-users-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _after(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_a_prepared_podman_container_runs_as_its_user_with_no_capabilities() -> None:
+    args = run_args("img", ["true"], name="n", workdir="/w", harness=Harness("x", user=USER))
+    assert _after(args, "--user") == ["4321:4322"] and _after(args, "--cap-drop") == ["all"]
+    assert args.index("--user") < args.index("img")  # an option of podman run, not of the command
+    for plain in (run_args("img", ["true"], name="n", workdir="/w"), run_args("img", ["true"], name="n", workdir="/w", harness=Harness("x"))):  # fmt: skip
+        assert "--user" not in plain and "--cap-drop" not in plain  # the image's user
+
+
+def test_a_prepared_docker_container_runs_as_its_user_with_no_capabilities() -> None:
+    kwargs = create_kwargs("img", ["true"], name="n", workdir="/w", harness=Harness("x", user=USER))
+    assert (kwargs["user"], kwargs["cap_drop"]) == ("4321:4322", ["ALL"])
+    for plain in (create_kwargs("img", ["true"], name="n", workdir="/w"), create_kwargs("img", ["true"], name="n", workdir="/w", harness=Harness("x"))):  # fmt: skip
+        assert "user" not in plain and "cap_drop" not in plain
+
+
+def test_the_sandbox_user_is_nobody_for_root_and_the_caller_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert sandbox_user() == (NOBODY, NOBODY) and sandbox_user(1234) == (1234, 1234)
+    with pytest.raises(SandboxError, match="may not be root"):
+        sandbox_user(0)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getegid", lambda: 1001)
+    assert sandbox_user() == (1000, 1001)  # its files are its own: nothing to hand over
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another user needs root")
+def test_writable_binds_are_handed_over_and_every_bind_must_be_readable(open_tmp: Path) -> None:
+    tmp_path = open_tmp
+    ws, ro, closed = tmp_path / "ws", tmp_path / "ro", tmp_path / "closed"
+    for folder in (ws / "sub", ro, closed):
+        folder.mkdir(parents=True)
+    (ws / "sub" / "f").write_text("x")
+    hand_binds_over([Bind(ws, "/app", writable=True), Bind(ro, "/ro")], USER)
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in [ws, *ws.rglob("*")]}
+    assert owners == {USER} and ro.stat().st_uid == 0  # a read-only bind stays the host's
+    closed.chmod(0o700)
+    with pytest.raises(SandboxError, match=r"route: .*closed is not readable by the sandbox's user 4321"):
+        hand_binds_over([Bind(ws, "/app", writable=True)], USER, route=[Bind(closed, "/run/gyre")])
