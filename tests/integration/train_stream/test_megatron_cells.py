@@ -141,8 +141,8 @@ def _assert_updates_equal(
             torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=2e-8, msg=f"v{version} {name}")
 
 
-def test_cells_refuse_nccl_until_gpu_cells_exist(redis_url: str) -> None:
-    with pytest.raises(InvalidConfigError, match="gloo only"):
+def test_cells_on_the_cpu_refuse_nccl(redis_url: str) -> None:
+    with pytest.raises(InvalidConfigError, match="cells over nccl train on a GPU"):
         cell_configs(cells=2, redis_url=redis_url, port=free_port(), model=SPEC_TORCH, dist_backend="nccl")
 
 
