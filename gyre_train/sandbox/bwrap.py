@@ -113,12 +113,9 @@ class BwrapSandbox(Sandbox):
             extra = self._route_binds(route)
             inner = routed(inner, route, name)
         cap = DiskCap(binds, limits.disk_mb)
-        cap.mount()
-        try:
-            argv = self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
-        except BaseException:
-            cap.release()
-            raise
+        argv = cap.mount_then(
+            lambda: self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
+        )
         return Prepared(tuple(argv), _host_env(), cap.release)
 
     def _argv(

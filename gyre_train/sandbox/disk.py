@@ -15,13 +15,15 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox.base import Bind
+
+T = TypeVar("T")
 
 MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "root_owner=0:0")
 MOUNT_OPTIONS = "loop,nosuid,nodev"
@@ -85,6 +87,16 @@ class DiskCap:
                     raise
                 _tool(["mount", "--bind", str(copy), str(source)], f"mount the image over {source}")
                 self._bound.append((source, copy))
+        except BaseException:
+            self.release()
+            raise
+
+    def mount_then(self, prepare: Callable[[], T]) -> T:
+        """Mount, then ``prepare()`` what must see the capped binds (a hand-over, a command line)
+        and return its result; when it fails, release again before the error goes on."""
+        self.mount()
+        try:
+            return prepare()
         except BaseException:
             self.release()
             raise

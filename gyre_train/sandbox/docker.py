@@ -229,12 +229,7 @@ class DockerSandbox(ContainerSandbox):
         if "PYTHONPATH" in os.environ:
             env_out["PYTHONPATH"] = os.environ["PYTHONPATH"]
         cap = DiskCap(binds, limits.disk_mb)
-        cap.mount()
-        try:
-            harness.hand_over(binds)  # onto the capped binds, the files the command sees
-        except BaseException:
-            cap.release()
-            raise
+        cap.mount_then(lambda: harness.hand_over(binds))  # onto the capped binds, the files the command sees
 
         def cleanup() -> None:
             try:

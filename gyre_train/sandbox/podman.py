@@ -208,12 +208,9 @@ class PodmanSandbox(ContainerSandbox):
         scratch = Path(tempfile.mkdtemp(prefix="gyre-podman-"))
         cap = DiskCap(binds, limits.disk_mb)
         try:
-            cap.mount()
-            try:
-                harness.hand_over(binds)  # onto the capped binds, the files the command sees
-            except BaseException:
-                cap.release()
-                raise
+            cap.mount_then(
+                lambda: harness.hand_over(binds)
+            )  # onto the capped binds, the files the command sees
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise

@@ -69,6 +69,28 @@ def test_the_host_path_is_capped_while_mounted_and_keeps_its_files_after(tmp_pat
 
 
 @needs_root
+def test_mount_then_releases_the_cap_when_the_preparation_fails(tmp_path: Path) -> None:
+    workspace = _folder(tmp_path / "ws")
+    (workspace / "kept.txt").write_text("kept\n")
+    cap = DiskCap([Bind(workspace, "/app", writable=True)], 8)
+    seen: list[bool] = []
+
+    def prepare() -> None:
+        seen.append(workspace.is_mount())  # the preparation sees the capped bind
+        (workspace / "written.txt").write_text("during\n")
+        raise SandboxError("the hand-over failed")
+
+    with pytest.raises(SandboxError, match="the hand-over failed"):
+        cap.mount_then(prepare)
+    assert seen == [True]
+    assert cap.image is None and not workspace.is_mount()
+    assert sorted(p.name for p in workspace.iterdir()) == ["kept.txt", "written.txt"]
+    assert cap.mount_then(lambda: 7) == 7 and workspace.is_mount()
+    cap.release()
+    assert not workspace.is_mount()
+
+
+@needs_root
 def test_binds_already_over_the_cap_are_refused_and_nothing_stays_mounted(tmp_path: Path) -> None:
     workspace = _folder(tmp_path / "ws")
     (workspace / "big").write_bytes(b"x" * (3 * MIB))
