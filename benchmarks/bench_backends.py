@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bars import bar
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.integration.train_stream.gloo
@@ -266,13 +267,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with (
         tempfile.TemporaryDirectory(prefix="gyre-bench-backends-") as tmp,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress,
+        bar(console) as progress,
     ):
         checkpoint = write_model(Path(tmp) / "qwen3", args.layers, args.hidden, args.vocab)
         jobs = [

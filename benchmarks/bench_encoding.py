@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bars import bar
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gyre_proxy.chat import (
@@ -536,13 +536,7 @@ def main() -> None:
     profiles: dict[str, Profile] = {}
     with (
         tempfile.TemporaryDirectory(prefix="gyre-bench-encoding-") as tmp,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress,  # fmt: skip
+        bar(console) as progress,
     ):
         task = progress.add_task("formats x sizes", total=len(names) * len(sizes))
         for name in names:

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bars import bar
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gyre_proxy.engines import EngineClient, EngineClientConfig, SGLangServer, SGLangServerConfig
@@ -323,13 +323,7 @@ def main() -> None:
     started_s: dict[str, float] = {}
     with (
         tempfile.TemporaryDirectory(prefix="gyre-bench-publish-") as tmp,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress,  # fmt: skip
+        bar(console) as progress,
     ):
         total = len(sizes) * len(METHODS) * len(paths) * (args.warmup + repeats)
         task = progress.add_task("publications", total=total)

@@ -38,8 +38,9 @@ from urllib.parse import urlparse
 import redis
 import torch
 import torch.distributed as dist
+from bars import bar
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from gyre_train.cells import (
@@ -287,13 +288,7 @@ def main() -> None:
     pulls = len(sizes) * (args.warmup + args.repeats)
     with (
         tempfile.TemporaryDirectory(prefix="gyre-bench-pull-") as scratch,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress,
+        bar(console) as progress,
     ):
         for name in transports:
             task = progress.add_task(f"{name:>8} pulls", total=pulls)
