@@ -6,7 +6,15 @@ resident set (getrusage's ru_maxrss). An idle process that only imports torch an
 is the baseline, measured in the same run: it is printed, and subtracted for the second ratio.
 Target: FSDP's largest rank at most 0.6x the unsharded process (weights, gradients and the two
 AdamW moments are split in two; the imports, the model built whole once before sharding and a
-gathered layer are not). Prints MET or MISSED with the figures.
+gathered layer are not). Prints MET or MISSED with the figures, in two modes of glibc's
+allocator, each with its own baseline and unsharded process:
+  default: as a process starts;
+  fixed:   MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ at 128 KiB in the spawned sides'
+           environment, so every large buffer is mapped and unmapped on its own. By default glibc
+           raises its mmap threshold to the size of the largest mapped buffer freed so far, after
+           which the layers FSDP gathers and frees on every pass are taken from the heap, and the
+           heap keeps what they freed.
+Beside each peak, the seconds the side took to train (the allocator's cost in time).
 
     .venv/bin/python benchmarks/bench_fsdp_memory.py [--hidden 512] [--layers 8] [--steps 2]
 """
@@ -17,13 +25,18 @@ import argparse
 import os
 import resource
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from rich.console import Console
+from rich.progress import Progress
 
 TARGET = 0.6
+console = Console(width=140)
 
 
 def _model(hidden: int, layers: int) -> dict[str, object]:
@@ -60,7 +73,7 @@ def _side(
 
     torch.set_num_threads(1)
     if kind == "idle":
-        Path(f"{out}.{rank}").write_text(f"{_peak_mib()} 0")
+        Path(f"{out}.{rank}").write_text(f"{_peak_mib()} 0 0")
         return
     spec = ModelSpec(_model(hidden, layers), seed=1)
     optimizer = OptimizerConfig(kind="adamw", lr=1e-4)
@@ -74,6 +87,7 @@ def _side(
         backend = TorchBackend(spec, optimizer)
     data = SyntheticBatchConfig(groups=2, executions=2, max_rows=2, vocab_size=32_000)
     loss = LossConfig()
+    started = time.perf_counter()
     for b in range(steps):
         micro_steps, executions = synthetic_batch(5, b, data)
         clip = merge_shares((ratio_share(backend, s) for s in micro_steps), executions, loss)
@@ -81,21 +95,47 @@ def _side(
         for s in micro_steps:
             gradient_share(backend, s, clip, loss)
         backend.apply_update(backend.flat_gradients())
-    Path(f"{out}.{rank}").write_text(f"{_peak_mib()} {backend.numel}")
+    Path(f"{out}.{rank}").write_text(f"{_peak_mib()} {backend.numel} {time.perf_counter() - started}")
     if kind == "fsdp":
         dist.destroy_process_group()
 
 
-def _measure(kind: str, world: int, args: argparse.Namespace, folder: Path) -> list[tuple[float, int]]:
+MODES: dict[str, dict[str, str]] = {
+    "default": {},
+    "fixed": {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"},
+}
+
+
+@dataclass(frozen=True)
+class Side:
+    peak_mib: float
+    numel: int
+    train_s: float
+
+
+def _measure(
+    kind: str, world: int, args: argparse.Namespace, folder: Path, env: dict[str, str]
+) -> list[Side]:
+    """``kind`` on ``world`` spawned processes; ``env`` is added to their environment (glibc reads
+    its tunables when a process starts)."""
     from gyre_proxy.engines import free_port
 
     out = folder / kind
-    mp.start_processes(
-        _side, args=(world, kind, args.hidden, args.layers, args.steps, free_port(), str(out)),
-        nprocs=world, start_method="spawn",
-    )  # fmt: skip
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        mp.start_processes(
+            _side, args=(world, kind, args.hidden, args.layers, args.steps, free_port(), str(out)),
+            nprocs=world, start_method="spawn",
+        )  # fmt: skip
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     figures = [Path(f"{out}.{r}").read_text().split() for r in range(world)]
-    return [(float(peak), int(numel)) for peak, numel in figures]
+    return [Side(float(peak), int(numel), float(seconds)) for peak, numel, seconds in figures]
 
 
 def main() -> None:
@@ -105,22 +145,45 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        ((idle, _),) = _measure("idle", 1, args, folder)
-        ((whole, numel),) = _measure("none", 1, args, folder)
-        ranks = _measure("fsdp", 2, args, folder)
-    peak = max(p for p, _ in ranks)
-    ratio = peak / whole
-    print(f"model: {numel / 1e6:.1f}M parameters; shards per rank: {[n for _, n in ranks]}")
-    print(f"baseline (imports only): {idle:.0f} MiB")
-    print(f"unsharded process: peak {whole:.0f} MiB; FSDP ranks: peaks {[round(p) for p, _ in ranks]} MiB")
-    print(f"above the baseline: {(peak - idle) / (whole - idle):.2f}x")
-    verdict = "MET" if ratio <= TARGET else "MISSED"
-    print(
-        f"peak resident per rank, FSDP over 2 ranks / unsharded: {ratio:.2f}x (target <= {TARGET}x): {verdict}"
-    )
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := sorted(set(modes) - set(MODES)):
+        parser.error(f"unknown modes {unknown}; of {', '.join(MODES)}")
+    verdicts = []
+    with Progress(console=console) as progress, tempfile.TemporaryDirectory() as tmp:
+        task = progress.add_task("modes x sides", total=3 * len(modes))
+        for mode in modes:
+            folder = Path(tmp) / mode
+            folder.mkdir()
+            sides = []
+            for kind, world in (("idle", 1), ("none", 1), ("fsdp", 2)):
+                progress.update(task, description=f"{mode}: {kind}")
+                sides.append(_measure(kind, world, args, folder, MODES[mode]))
+                progress.advance(task)
+            ((idle,), (whole,), ranks) = sides
+            peak = max(r.peak_mib for r in ranks)
+            ratio = peak / whole.peak_mib
+            verdict = "MET" if ratio <= TARGET else "MISSED"
+            verdicts.append(f"{mode} {verdict}")
+            console.print(f"[bold]{mode}[/bold] allocator {MODES[mode] or '(as started)'}")
+            console.print(
+                f"  model: {whole.numel / 1e6:.1f}M parameters; shards per rank: {[r.numel for r in ranks]}"
+            )
+            console.print(f"  baseline (imports only): {idle.peak_mib:.0f} MiB")
+            console.print(
+                f"  unsharded process: peak {whole.peak_mib:.0f} MiB, trained in {whole.train_s:.1f} s; "
+                f"FSDP ranks: peaks {[round(r.peak_mib) for r in ranks]} MiB, trained in "
+                f"{max(r.train_s for r in ranks):.1f} s"
+            )
+            console.print(
+                f"  above the baseline: {(peak - idle.peak_mib) / (whole.peak_mib - idle.peak_mib):.2f}x"
+            )
+            console.print(
+                f"  peak resident per rank, FSDP over 2 ranks / unsharded: {ratio:.2f}x "
+                f"(target <= {TARGET}x): {verdict}"
+            )
+    console.print("verdicts: " + "; ".join(verdicts))
 
 
 if __name__ == "__main__":
