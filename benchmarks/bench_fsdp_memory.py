@@ -28,12 +28,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from bars import bar
 from rich.console import Console
-from rich.progress import Progress
 
 TARGET = 0.6
 console = Console(width=140)
@@ -121,19 +122,11 @@ def _measure(
     from gyre_proxy.engines import free_port
 
     out = folder / kind
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with mock.patch.dict(os.environ, env):  # spawned children inherit it; restored after
         mp.start_processes(
             _side, args=(world, kind, args.hidden, args.layers, args.steps, free_port(), str(out)),
             nprocs=world, start_method="spawn",
         )  # fmt: skip
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     figures = [Path(f"{out}.{r}").read_text().split() for r in range(world)]
     return [Side(float(peak), int(numel), float(seconds)) for peak, numel, seconds in figures]
 
@@ -151,7 +144,7 @@ def main() -> None:
     if unknown := sorted(set(modes) - set(MODES)):
         parser.error(f"unknown modes {unknown}; of {', '.join(MODES)}")
     verdicts = []
-    with Progress(console=console) as progress, tempfile.TemporaryDirectory() as tmp:
+    with bar(console) as progress, tempfile.TemporaryDirectory() as tmp:
         task = progress.add_task("modes x sides", total=3 * len(modes))
         for mode in modes:
             folder = Path(tmp) / mode

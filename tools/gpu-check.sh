@@ -18,10 +18,6 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH=/tmp/gyre-gpu-site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-# gyre itself, installed for the live run: tools/ becomes gyre_tools and migrations/ becomes
-# gyre_store.migrations only in an installed copy (the tests import the tree)
-rm -rf /tmp/gyre-gpu-pkg
-"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/gyre-gpu-pkg .
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 fi
@@ -41,6 +37,11 @@ start=$(date +%s)
 echo "gpu-check: the GPU tests passed in $(($(date +%s) - start)) s"
 fi
 [ "${GYRE_GPU_CHECK_LIVE:-1}" = 0 ] && exit 0
+
+# gyre itself, installed for the live run: tools/ becomes gyre_tools and migrations/ becomes
+# gyre_store.migrations only in an installed copy (the tests import the tree)
+rm -rf /tmp/gyre-gpu-pkg
+"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/gyre-gpu-pkg .
 
 live=${GYRE_GPU_CHECK_DIR:-/tmp/gyre-gpu-check}
 rm -rf "$live" && mkdir -p "$live"
@@ -84,13 +85,14 @@ steps = run["steps"]
 print(f"gyre run on the GPU: {len(steps)} steps, {run['transitions']} transitions, {run['run_wall_s']:.1f} s")
 paper = {"to_training": 8.52, "to_rollout": 3.46}
 for direction in sorted({t["direction"] for t in run["transition_times"]}):
-    times = [t["total_s"] for t in run["transition_times"] if t["direction"] == direction and t["total_s"] is not None]
-    unfinished = sum(1 for t in run["transition_times"] if t["direction"] == direction and t["total_s"] is None)
-    phases = sorted({k for t in run["transition_times"] if t["direction"] == direction for k in t} - {"direction", "cell", "total_s"})
+    mine = [t for t in run["transition_times"] if t["direction"] == direction]
+    times = [t["total_s"] for t in mine if t["total_s"] is not None]
+    unfinished = len(mine) - len(times)
+    phases = sorted({k for t in mine for k in t} - {"direction", "cell", "total_s"})
     medians = ", ".join(
-        f"{p} {statistics.median([t[p] for t in run['transition_times'] if t['direction'] == direction and t.get(p) is not None]):.2f}"
+        f"{p} {statistics.median([t[p] for t in mine if t.get(p) is not None]):.2f}"
         for p in phases
-        if any(t.get(p) is not None for t in run["transition_times"] if t["direction"] == direction)
+        if any(t.get(p) is not None for t in mine)
     )
     print(f"  {direction}: median {statistics.median(times):.2f} s over {len(times)} "
           f"[{min(times):.2f}-{max(times):.2f}] (paper: {paper.get(direction, 'n/a')} s), {unfinished} unfinished; "

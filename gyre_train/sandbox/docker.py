@@ -229,7 +229,8 @@ class DockerSandbox(ContainerSandbox):
         if "PYTHONPATH" in os.environ:
             env_out["PYTHONPATH"] = os.environ["PYTHONPATH"]
         cap = DiskCap(binds, limits.disk_mb)
-        cap.mount_then(lambda: harness.hand_over(binds))  # onto the capped binds, the files the command sees
+        # onto the capped binds, the files the command sees
+        cap.mount_then(lambda: harness.hand_over(binds))
 
         def cleanup() -> None:
             try:

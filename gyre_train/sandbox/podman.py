@@ -208,9 +208,8 @@ class PodmanSandbox(ContainerSandbox):
         scratch = Path(tempfile.mkdtemp(prefix="gyre-podman-"))
         cap = DiskCap(binds, limits.disk_mb)
         try:
-            cap.mount_then(
-                lambda: harness.hand_over(binds)
-            )  # onto the capped binds, the files the command sees
+            # onto the capped binds, the files the command sees
+            cap.mount_then(lambda: harness.hand_over(binds))
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
