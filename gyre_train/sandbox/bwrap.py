@@ -6,9 +6,10 @@ only a loopback of its own: nothing of the host is reachable), no capabilities, 
 no larger than the file-size limit), and the caller's binds, nothing else; the rest of its root
 is read-only. Its environment is built from nothing. Limits are rlimits set by ``prlimit``
 inside, but ``disk_mb``: the writable binds on a file system of that size (``disk``). Started
-by root, bwrap runs as an unprivileged user (``uid``, nobody by default), since the kernel
-applies no process limit to root: writable binds are handed to that user, and every bind must
-be readable by it (``users``). A prepared process may also reach the proxy's port on its own
+by root, bwrap runs as an unprivileged user, since the kernel applies no process limit to root:
+each command a user of its own, leased from the pool for as long as it runs (``users``;
+``uid`` fixes one instead). Writable binds are handed to that user, and every bind must be
+readable by it. A prepared process may also reach the proxy's port on its own
 loopback, relayed through a unix socket (``gyre_train.sandbox.relay``).
 """
 
@@ -33,7 +34,7 @@ from gyre_train.sandbox.base import (
 )
 from gyre_train.sandbox.disk import DiskCap
 from gyre_train.sandbox.relay import INSIDE_SCRIPT, check_route, route_binds, routed
-from gyre_train.sandbox.users import NOBODY, check_reachable, hand_over
+from gyre_train.sandbox.users import UserLease, check_reachable, hand_over, lease_user
 
 ROOT_LINKS = ("bin", "lib", "lib64", "sbin")  # merged-/usr links (or folders) of the host root
 ETC_FILES = (
@@ -65,7 +66,7 @@ class BwrapSandbox(Sandbox):
     remaps = True
     python = "/usr/bin/python3"
 
-    def __init__(self, *, uid: int = NOBODY) -> None:
+    def __init__(self, *, uid: int | None = None) -> None:
         if (missing := bwrap_missing()) is not None:
             raise SandboxError(missing)
         self._uid = uid
@@ -81,9 +82,9 @@ class BwrapSandbox(Sandbox):
         timeout_s: float,
         limits: Limits = NO_LIMITS,
     ) -> RunResult:
-        with DiskCap(binds, limits.disk_mb):
+        with lease_user(self._uid) as user, DiskCap(binds, limits.disk_mb):
             argv = self._argv(
-                [*limits.prlimit(), *command], workdir=workdir, binds=binds, env=env, limits=limits
+                [*limits.prlimit(), *command], user, workdir=workdir, binds=binds, env=env, limits=limits
             )
             result = run_group(argv, cwd=None, env=_host_env(), timeout_s=timeout_s)
         if result.exit_code == 1 and result.stderr.startswith("bwrap:"):
@@ -106,21 +107,37 @@ class BwrapSandbox(Sandbox):
         forwarder outside ``prlimit``. Nothing outlives the process group: bwrap dies with it
         (its child has ``--die-with-parent``), and with bwrap's init the kernel kills every
         process of the sandbox's pid namespace, the forwarder's too. Under ``disk_mb`` the
-        writable binds are capped from now on: ``cleanup`` copies their files back."""
+        writable binds are capped from now on: ``cleanup`` copies their files back. The
+        command's user is leased here and given back by ``cleanup``."""
         inner = [*limits.prlimit(), *command]
-        extra: list[str] = []
-        if route is not None:
-            extra = self._route_binds(route)
-            inner = routed(inner, route, name)
-        cap = DiskCap(binds, limits.disk_mb)
-        argv = cap.mount_then(
-            lambda: self._argv(inner, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra)
-        )
-        return Prepared(tuple(argv), _host_env(), cap.release)
+        user = lease_user(self._uid)
+        try:
+            extra: list[str] = []
+            if route is not None:
+                extra = self._route_binds(route, user)
+                inner = routed(inner, route, name)
+            cap = DiskCap(binds, limits.disk_mb)
+            argv = cap.mount_then(
+                lambda: self._argv(
+                    inner, user, workdir=workdir, binds=binds, env=env, limits=limits, extra=extra
+                )
+            )
+        except BaseException:
+            user.release()
+            raise
+
+        def cleanup() -> None:
+            try:
+                cap.release()
+            finally:
+                user.release()
+
+        return Prepared(tuple(argv), _host_env(), cleanup)
 
     def _argv(
         self,
         inner: Sequence[str],
+        user: UserLease,
         *,
         workdir: str,
         binds: Sequence[Bind],
@@ -128,7 +145,8 @@ class BwrapSandbox(Sandbox):
         limits: Limits,
         extra: Sequence[str] = (),
     ) -> list[str]:
-        """The bwrap command line that runs ``inner`` (limits already applied) in ``workdir``."""
+        """The bwrap command line that runs ``inner`` (limits already applied) in ``workdir``
+        as ``user``."""
         if not inner:
             raise SandboxError("command: empty")
         if not workdir.startswith("/"):
@@ -138,11 +156,11 @@ class BwrapSandbox(Sandbox):
                 raise SandboxError(f"binds: {bind.source} does not exist")
             if self._drop:
                 if bind.writable:
-                    hand_over(bind.source, self._uid)
-                check_reachable(bind.source, self._uid)
+                    hand_over(bind.source, user.uid, user.gid)
+                check_reachable(bind.source, user.uid)
         # the root is bwrap's own tmpfs: once every mount point is made, nothing else may write it
         argv = [
-            *self._prefix(),
+            *self._prefix(user),
             *self._namespaces(limits),
             *self._binds(binds),
             *extra,
@@ -155,18 +173,17 @@ class BwrapSandbox(Sandbox):
             argv += ["--setenv", key, value]
         return [*argv, "--", *inner]
 
-    def _route_binds(self, route: ProxyRoute) -> list[str]:
+    def _route_binds(self, route: ProxyRoute, user: UserLease) -> list[str]:
         check_route(route)
         if self._drop:
-            check_reachable(route.socket.parent, self._uid, what="route")
-            check_reachable(INSIDE_SCRIPT, self._uid, what="route")
+            check_reachable(route.socket.parent, user.uid, what="route")
+            check_reachable(INSIDE_SCRIPT, user.uid, what="route")
         return self._binds(route_binds(route))
 
-    def _prefix(self) -> list[str]:
+    def _prefix(self, user: UserLease) -> list[str]:
         if not self._drop:
             return ["bwrap"]
-        uid = str(self._uid)
-        return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bwrap"]
+        return ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "bwrap"]
 
     @staticmethod
     def _namespaces(limits: Limits) -> list[str]:

@@ -56,7 +56,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
-from gyre_train.sandbox.users import NOBODY, sandbox_user
+from gyre_train.sandbox.users import UserLease, lease_user
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 API_TIMEOUT_S = 60
@@ -118,7 +118,9 @@ class DockerSandbox(ContainerSandbox):
 
     kind = "docker"
 
-    def __init__(self, *, image: str = BASE_IMAGE, base_url: str | None = None, uid: int = NOBODY) -> None:
+    def __init__(
+        self, *, image: str = BASE_IMAGE, base_url: str | None = None, uid: int | None = None
+    ) -> None:
         self.image = image
         self.uid = uid
         self.base_url = docker_host(base_url)
@@ -210,7 +212,28 @@ class DockerSandbox(ContainerSandbox):
         process of its own; ``cleanup`` removes the container, and every process in it, then
         copies the files of writable binds capped by ``disk_mb`` back (``disk.DiskCap``: mounted
         here, on this host, so the engine must be this host's)."""
-        harness = Harness(name, route, sandbox_user(self.uid))
+        user = lease_user(self.uid)  # given back by the cleanup
+        try:
+            return self._prepare(
+                command, user, workdir=workdir, name=name, binds=binds, env=env, limits=limits, route=route
+            )
+        except BaseException:
+            user.release()
+            raise
+
+    def _prepare(
+        self,
+        command: Sequence[str],
+        user: UserLease,
+        *,
+        workdir: str,
+        name: str,
+        binds: Sequence[Bind],
+        env: Mapping[str, str] | None,
+        limits: Limits,
+        route: ProxyRoute | None,
+    ) -> Prepared:
+        harness = Harness(name, route, user.user)
         harness.check()
         check_binds(workdir, harness.binds(binds))
         container = container_name(name)
@@ -237,6 +260,7 @@ class DockerSandbox(ContainerSandbox):
                 self.remove(container)  # nothing writes the capped binds any more
             finally:
                 cap.release()
+            user.release()  # once the container, and every process of its user, is gone
 
         return Prepared(argv, env_out, cleanup)
 

@@ -26,7 +26,7 @@ from typing import Self
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox.base import Bind, Limits, ProxyRoute, Sandbox, minimal_env
 from gyre_train.sandbox.relay import check_route, route_binds, routed
-from gyre_train.sandbox.users import NOBODY, hand_binds_over
+from gyre_train.sandbox.users import hand_binds_over
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def in_container(command: Sequence[str], limits: Limits) -> list[str]:
 class Harness:
     """What a prepared (long-running) container has that a one-off run's has not: ``name``, the
     execution's, marking its processes; the ``route`` to the proxy, if any; the ``user`` (uid,
-    gid) its command runs as, with no capabilities (``users.sandbox_user``; None: the image's
+    gid) its command runs as, with no capabilities (``users.lease_user``; None: the image's
     user); and, as under bwrap, a read-only root file system with a fresh ``/tmp`` no larger
     than the file-size limit (a container's own writable layer lies on the host's disk, with no
     limit on its total).
@@ -198,13 +198,13 @@ def container_name(name: str | None = None) -> str:
 class ContainerSandbox(Sandbox):
     """A sandbox that runs commands in containers of ``image``; ``image_for`` chooses (and
     builds) a task's image, ``with_image`` gives the same sandbox running another. A prepared
-    harness runs as ``uid`` when gyre is root (``users.sandbox_user``), a one-off ``run`` as
-    the image's user."""
+    harness runs, when gyre is root, as a user leased for it from the pool (``users.lease_user``)
+    or as ``uid`` when one is given; a one-off ``run`` as the image's user."""
 
     remaps = True
     python = "/usr/bin/python3"  # the base image's (the host's); an image of a task's own may differ
     image: str
-    uid: int = NOBODY
+    uid: int | None = None  # None: each prepared harness a user of the pool's (``users.lease_user``)
 
     @abstractmethod
     def with_image(self, image: str) -> Self:

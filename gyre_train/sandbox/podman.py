@@ -47,7 +47,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
-from gyre_train.sandbox.users import NOBODY, sandbox_user
+from gyre_train.sandbox.users import UserLease, lease_user
 
 CONF = Path("/etc/containers/gyre.conf")
 GLOBAL_FLAGS = ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
@@ -127,7 +127,7 @@ class PodmanSandbox(ContainerSandbox):
 
     kind = "podman"
 
-    def __init__(self, *, image: str = BASE_IMAGE, uid: int = NOBODY) -> None:
+    def __init__(self, *, image: str = BASE_IMAGE, uid: int | None = None) -> None:
         if (missing := podman_missing()) is not None:
             raise SandboxError(missing)
         self.image = image
@@ -190,7 +190,28 @@ class PodmanSandbox(ContainerSandbox):
         the writable binds handed to it). Killing the ``podman run`` client leaves the container
         running: ``cleanup`` removes it, and every process in it, then copies the files of
         writable binds capped by ``disk_mb`` back (``disk.DiskCap``)."""
-        harness = Harness(name, route, sandbox_user(self.uid))
+        user = lease_user(self.uid)  # given back by the cleanup
+        try:
+            return self._prepare(
+                command, user, workdir=workdir, name=name, binds=binds, env=env, limits=limits, route=route
+            )
+        except BaseException:
+            user.release()
+            raise
+
+    def _prepare(
+        self,
+        command: Sequence[str],
+        user: UserLease,
+        *,
+        workdir: str,
+        name: str,
+        binds: Sequence[Bind],
+        env: Mapping[str, str] | None,
+        limits: Limits,
+        route: ProxyRoute | None,
+    ) -> Prepared:
+        harness = Harness(name, route, user.user)
         harness.check()
         check_binds(workdir, harness.binds(binds))
         container = container_name(name)
@@ -220,6 +241,7 @@ class PodmanSandbox(ContainerSandbox):
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
                 cap.release()
+            user.release()  # once the container, and every process of its user, is gone
 
         argv = ("env", f"--chdir={scratch}", "podman", *GLOBAL_FLAGS, *args)
         return Prepared(argv, self._env, cleanup)

@@ -21,7 +21,13 @@ from gyre_store.catalog import ModelCallRecorded
 from gyre_store.log import StreamId
 from gyre_store.trees import TreeProjection, TreeView
 from gyre_train.sandbox import BASE_IMAGE, PodmanSandbox, bwrap_missing, podman_missing
+from gyre_train.sandbox.users import POOL_FIRST, POOL_SIZE
 from tests.acceptance.conftest import ROOT
+
+# who a confined harness runs as: started by root, a user leased from the pool; else gyre's own
+SANDBOX_UIDS = (
+    range(POOL_FIRST, POOL_FIRST + POOL_SIZE) if os.geteuid() == 0 else range(os.geteuid(), os.geteuid() + 1)
+)
 
 
 @contextmanager

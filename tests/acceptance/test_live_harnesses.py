@@ -25,13 +25,19 @@ import pytest
 
 from gyre_proxy.harness import plugin_for
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_missing, sandbox_run_folder
+from tests.acceptance.processes import (
+    SANDBOX_UIDS,
+    gyre_run,
+    live_run_env,
+    run_events,
+    sandbox_missing,
+    sandbox_run_folder,
+)
 from tests.real_servers import harness_binary, require
 
 pytestmark = pytest.mark.timeout(1500)  # a live run of real processes with a real harness
 
 HARBOR = ROOT / "tests" / "fixtures" / "harbor"
-NOBODY = 65534
 HARNESSES = {
     # harness: (installer, the launcher's variable naming the binary, the sandbox kind)
     "claude-code": ("tools/install_claude_code.sh", "GYRE_CLAUDE_BIN", "bwrap"),
@@ -113,7 +119,9 @@ def test_every_execution_ran_its_harness_in_a_sandbox_and_was_recorded(harness_r
         assert ended, body
         assert calls[execution_id] >= 1, f"{execution_id} recorded no model call: {body['detail']}"
         workspace = harness_run.run_dir / "workspaces" / _safe(execution_id) / "workspace"
-        assert workspace.stat().st_uid == NOBODY  # the harness wrote as the sandbox's user (bwrap, podman)
+        assert (
+            workspace.stat().st_uid in SANDBOX_UIDS
+        )  # the harness wrote as its sandbox's user (bwrap, podman)
     recorded = [b for t, b in harness_run.events if t == "model_call.recorded"]
     assert {b["harness"] for b in recorded} == {harness_run.harness}
 

@@ -24,13 +24,19 @@ import pytest
 
 from gyre_train.tasks import open_source
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.processes import gyre_run, live_run_env, run_events, sandbox_missing, sandbox_run_folder
+from tests.acceptance.processes import (
+    SANDBOX_UIDS,
+    gyre_run,
+    live_run_env,
+    run_events,
+    sandbox_missing,
+    sandbox_run_folder,
+)
 from tests.real_servers import require
 
 pytestmark = pytest.mark.timeout(1200)  # a live run of real processes
 
 HARBOR = ROOT / "tests" / "fixtures" / "harbor"
-NOBODY = 65534  # the sandbox's user: a workspace it wrote is handed to it
 
 CONFIG = """
 seed = 5
@@ -109,9 +115,9 @@ def test_every_execution_ran_in_a_sandbox_and_reached_the_proxy(sourced_run: Run
         assert calls[execution_id] >= 1, f"{execution_id} recorded no model call: {body['detail']}"
     workspaces = sorted((_run_dir(sourced_run) / "workspaces").glob("*/workspace"))
     assert len(workspaces) == len(finished)
-    if sourced_run.kind in ("bwrap", "podman"):  # a prepared container's harness runs as nobody too
-        for workspace in workspaces:
-            assert workspace.stat().st_uid == NOBODY  # written by the sandbox's user, not the host's root
+    if sourced_run.kind in ("bwrap", "podman"):  # a prepared container's harness: a user of its own too
+        owners = [workspace.stat().st_uid for workspace in workspaces]
+        assert all(uid in SANDBOX_UIDS for uid in owners), owners  # the sandbox's user, not the host's root
     assert not [line for line in _launcher_log(sourced_run) if "not started" in line]
 
 

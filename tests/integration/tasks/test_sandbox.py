@@ -7,6 +7,7 @@ The bwrap tests fail when bubblewrap is missing; ``GYRE_TEST_SKIP_BWRAP=1`` skip
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import socket
@@ -20,6 +21,7 @@ import pytest
 
 from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox import Bind, BwrapSandbox, Limits, LocalSandbox, bwrap_missing
+from gyre_train.sandbox.users import LEASES, NOBODY, POOL_FIRST, POOL_SIZE
 from tests.real_servers import require
 
 
@@ -219,3 +221,85 @@ def test_local_runs_in_the_workspace_and_cannot_move_folders(area: Path) -> None
         LocalSandbox().run(
             ["true"], workdir=str(area / "ws"), binds=[Bind(area / "ro", "/tests")], timeout_s=5
         )
+
+
+HOLD = """
+import os, pathlib, time
+for _ in range({n}):
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
+pathlib.Path("/app/holding").write_text(str(os.getuid()))
+time.sleep(30)
+"""
+
+SPAWN = """
+import os, time
+print("uid", os.getuid())
+children = 0
+try:
+    for _ in range({n}):
+        if os.fork() == 0:
+            time.sleep(2)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    print("fork refused after", children, type(exc).__name__)
+else:
+    print("forked", children)
+"""
+
+
+def _beside_a_holder(sandbox: BwrapSandbox, area: Path) -> tuple[int, list[str]]:
+    """The uid of a command of ``sandbox`` holding 12 children under a limit of 20 processes,
+    and what a second command of it, started meanwhile under the same limit, prints forking
+    12 children (its uid, then how far it got)."""
+    (area / "ws2").mkdir()
+    (area / "ws2").chmod(0o755)
+    holder = Bind(area / "ws2", "/app", writable=True)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(
+            sandbox.run,
+            ["python3", "-c", HOLD.format(n=12)],
+            workdir="/app",
+            binds=[holder],
+            timeout_s=8,
+            limits=Limits(processes=20),
+        )
+        deadline = time.monotonic() + 20
+        while not (area / "ws2" / "holding").exists():
+            assert time.monotonic() < deadline and not held.done(), "the holder did not start"
+            time.sleep(0.05)
+        ran = sandbox.run(
+            ["python3", "-c", SPAWN.format(n=12)],
+            workdir="/app",
+            binds=_binds(area),
+            timeout_s=30,
+            limits=Limits(processes=20),
+        )
+        assert held.result().timed_out  # it held its children until killed
+    return int((area / "ws2" / "holding").read_text()), ran.stdout.split("\n")
+
+
+def test_concurrent_bwrap_sandboxes_do_not_share_a_process_count(bwrap: BwrapSandbox, area: Path) -> None:
+    # the holder's 13 processes take nothing from the other's 20: under root each command is a
+    # user of its own; on any kernel since 5.14 its own user namespace also counts apart
+    _, printed = _beside_a_holder(bwrap, area)
+    assert printed[1] == "forked 12", printed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user of its own per command needs root")
+def test_concurrent_bwrap_commands_run_as_users_of_their_own_leased_and_given_back(
+    bwrap: BwrapSandbox, area: Path
+) -> None:
+    holder_uid, printed = _beside_a_holder(bwrap, area)
+    uid = int(printed[0].split()[1])
+    pool = range(POOL_FIRST, POOL_FIRST + POOL_SIZE)
+    assert holder_uid in pool and uid in pool and holder_uid != uid
+    # each workspace was handed to its command's user, which the host knows by no name
+    assert (area / "ws2").stat().st_uid == holder_uid and (area / "ws").stat().st_uid == uid
+    assert not (LEASES / str(uid)).exists() and not (LEASES / str(holder_uid)).exists()  # given back
+    fixed = BwrapSandbox(uid=NOBODY).run(
+        ["python3", "-c", SPAWN.format(n=0)], workdir="/app", binds=_binds(area), timeout_s=30
+    )
+    assert fixed.stdout.split("\n")[0] == f"uid {NOBODY}"  # a uid given is used, unleased

@@ -41,7 +41,7 @@ import pytest
 from gyre_train.sandbox import Bind, Limits, ProxyRoute, Sandbox, bwrap_missing, sandbox_for
 from gyre_train.sandbox.docker import DockerSandbox
 from gyre_train.sandbox.relay import UnixRelay
-from gyre_train.sandbox.users import NOBODY
+from gyre_train.sandbox.users import POOL_FIRST, POOL_SIZE
 from tests.integration.tasks.test_containers import docker_url, podman  # noqa: F401 (fixtures)
 from tests.integration.tasks.test_sandbox_route import (
     ProxyHandler,
@@ -276,13 +276,16 @@ def local(stage: Stage) -> Outcome:
 
 
 def test_the_agent_is_not_root_and_has_no_capabilities(confined: Outcome) -> None:
-    """Started by root, every confined kind runs the agent as nobody (bwrap, and a prepared
-    container's ``--user``; by another user, as that user), with no capability, effective or
-    in its bounding set (``--cap-drop all``)."""
+    """Started by root, every confined kind runs the agent as a user leased from the pool (bwrap,
+    and a prepared container's ``--user``; by another user, as that user), with no capability,
+    effective or in its bounding set (``--cap-drop all``)."""
     user = confined.reports["user"]
-    expected = NOBODY if os.geteuid() == 0 else os.geteuid()
     assert 0 not in (user["uid"], user["euid"], user["gid"], *user["groups"]), user
-    assert (user["uid"], user["euid"]) == (expected, expected), user
+    assert user["uid"] == user["euid"] == user["gid"], user
+    if os.geteuid() == 0:
+        assert user["uid"] in range(POOL_FIRST, POOL_FIRST + POOL_SIZE), user
+    else:
+        assert user["uid"] == os.geteuid(), user
     assert (user["cap_eff"], user["cap_bnd"]) == (0, 0), user  # none held, none to be gained
 
 

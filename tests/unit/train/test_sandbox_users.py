@@ -1,12 +1,16 @@
 """The unprivileged user of a prepared container, without an engine: ``--user`` and
 ``--cap-drop all`` (podman) and ``user`` and ``cap_drop`` (the Docker API) for a harness with a
-user, neither for a one-off run; who that user is (``users.sandbox_user``); and the hand-over of
+user, neither for a one-off run; who that user is (``users.sandbox_user``, ``users.lease_user``:
+a uid of the pool no other process holds, given back, never a host user's); and the hand-over of
 writable binds to it."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ from gyre_train.sandbox import Bind
 from gyre_train.sandbox.docker import create_kwargs
 from gyre_train.sandbox.images import Harness
 from gyre_train.sandbox.podman import run_args
-from gyre_train.sandbox.users import NOBODY, hand_binds_over, sandbox_user
+from gyre_train.sandbox.users import NOBODY, hand_binds_over, lease_user, sandbox_user
 
 USER = (4321, 4322)
 
@@ -76,3 +80,71 @@ def test_writable_binds_are_handed_over_and_every_bind_must_be_readable(open_tmp
     closed.chmod(0o700)
     with pytest.raises(SandboxError, match=r"route: .*closed is not readable by the sandbox's user 4321"):
         hand_binds_over([Bind(ws, "/app", writable=True)], USER, route=[Bind(closed, "/run/gyre")])
+
+
+FREE = 3_500_000_000  # uids no host user has, for pools of the tests' own
+
+
+def test_a_command_not_started_by_root_runs_as_the_caller_unleased(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getegid", lambda: 1001)
+    lease = lease_user(folder=Path("/nonexistent/never-made"))
+    assert lease.user == (1000, 1001) and not lease.leased
+
+
+def test_leased_uids_are_distinct_until_given_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    pool = {"first": FREE, "size": 2, "folder": tmp_path / "leases"}
+    first, second = lease_user(**pool), lease_user(**pool)  # type: ignore[arg-type]
+    assert {first.uid, second.uid} == {FREE, FREE + 1} and first.gid == first.uid and first.leased
+    assert sorted(p.name for p in (tmp_path / "leases").iterdir()) == [str(FREE), str(FREE + 1)]
+    with pytest.raises(
+        SandboxError, match=r"every uid of the sandbox pool \(3500000000 to 3500000001\) is held"
+    ):
+        lease_user(**pool)  # type: ignore[arg-type]
+    given = first.uid
+    first.release()
+    first.release()  # a second release does nothing
+    assert not first.leased and not (tmp_path / "leases" / str(given)).exists()
+    with lease_user(**pool) as again:  # type: ignore[arg-type]
+        assert again.uid == given
+    assert lease_user(1234, **pool).user == (1234, 1234)  # type: ignore[arg-type]  # a given uid: no lease
+
+
+def test_a_host_users_uid_is_never_leased(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(SandboxError, match="every uid"):
+        lease_user(first=NOBODY, size=1, folder=tmp_path)  # /etc/passwd's nobody
+    with pytest.raises(SandboxError, match="every uid"):
+        lease_user(first=0, size=1, folder=tmp_path)  # root
+
+
+HOLDER = """
+import os, sys, time
+from pathlib import Path
+os.geteuid = lambda: 0
+from gyre_train.sandbox.users import lease_user
+lease = lease_user(first=int(sys.argv[1]), size=1, folder=Path(sys.argv[2]))
+print(lease.uid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_uid_another_process_holds_is_skipped_until_that_process_dies(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    folder = tmp_path / "leases"
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(FREE), str(folder)], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == str(FREE)
+            monkeypatch.setattr(os, "geteuid", lambda: 0)
+            with pytest.raises(SandboxError, match="every uid"):
+                lease_user(first=FREE, size=1, folder=folder)
+            holder.send_signal(signal.SIGKILL)  # no release: the kernel drops its lock with it
+            holder.wait(timeout=30)
+            with lease_user(first=FREE, size=1, folder=folder) as lease:
+                assert lease.uid == FREE
+        finally:
+            holder.kill()
