@@ -68,7 +68,7 @@ from gyre_train import (
     judge_slot,
 )
 from gyre_train.sandbox import sandbox_for
-from gyre_train.tasks import SandboxTestEvaluator, TaskFiles
+from gyre_train.tasks import SandboxTestEvaluator, TaskFiles, event_task
 
 if TYPE_CHECKING:
     from gyre_train.cells import NodeAgent, NodePlan
@@ -305,7 +305,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
             claims=claims,
         )
         judged = f"; tasks with a rubric judged by {config.eval.judge}" if judge else ""
-        console.print(f"evaluator of run {args.run}: sourced tasks' tests in {config.sandbox.kind}{judged}")
+        console.print(f"evaluator of run {args.run}: tasks' tests in {config.sandbox.kind}{judged}")
         try:
             worker.run(until_signal())
         finally:
@@ -317,10 +317,11 @@ def run_evaluator(args: argparse.Namespace) -> int:
 
 def sourced_evaluators(
     config: RunConfig, log: EventLog, *, environ: Mapping[str, str] | None = None
-) -> tuple[Callable[[TaskDefined], Evaluator], OpenAIChatClient | EngineJudgeClient | None]:
+) -> tuple[Callable[[TaskDefined], Evaluator | None], OpenAIChatClient | EngineJudgeClient | None]:
     """The evaluator of each task read from a source: with ``[eval] judge`` set, a task that
     has a rubric is scored by the judge (its tests are not run); every other task by its own
-    tests in the run's sandbox kind. Returns the factory and the judge's client (to close), if
+    tests in the run's sandbox kind. A built-in family's task: its tests in the run's sandbox
+    kind too, but under ``local`` None (the worker's command evaluator runs them). Returns the factory and the judge's client (to close), if
     any. A URL judge's key is read from the environment variable ``[eval] judge_key_env``; a
     judge on the run's engines (``policy``, ``engine:NAME``) calls through the proxy the run
     registered, showing as much of a workspace as fits ``model.max_context``."""
@@ -348,7 +349,11 @@ def sourced_evaluators(
         key = env.get(config.eval.judge_key_env, "") if config.eval.judge_key_env else ""
         judge = OpenAIChatClient(setting, key, config.eval.judge_model)
 
-    def evaluator_for(event: TaskDefined) -> Evaluator:
+    def evaluator_for(event: TaskDefined) -> Evaluator | None:
+        if not event.source:  # a built-in family's: its files are in the event
+            if config.sandbox.kind == "local":
+                return None  # the worker's command evaluator, on this host, as before
+            return SandboxTestEvaluator(event_task(event), tests)
         task = files.task(event)
         if judge is None or not task.rubric:
             return SandboxTestEvaluator(task, tests)

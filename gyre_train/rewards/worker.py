@@ -1,9 +1,10 @@
 """The evaluator worker: scores a run's finished executions and announces ready groups.
 
 It follows a run's log. When an execution finishes, it evaluates the execution's preserved
-workspace with its task's tests (``CommandEvaluator``, the task's ``test_command`` and hidden
-test files from ``task.defined``; a task read from a source, with the evaluator that
-``evaluator_for`` makes for it: its tests in the run's sandbox) through the ``EvaluationRunner``, which applies the rules for
+workspace with the evaluator ``evaluator_for`` makes for its task (in ``gyre run``: its tests in
+the run's sandbox, or its judge), else with ``CommandEvaluator`` on this host (a built-in
+family's task: the ``test_command`` and hidden test files of ``task.defined``), through the
+``EvaluationRunner``, which applies the rules for
 partial work, pending evaluations, retries, exclusion and placeholders. After each outcome it
 folds the groups projection and appends ``group.ready`` for every group that became ready:
 the group projection decides readiness, this worker is the component that writes the fact.
@@ -89,7 +90,7 @@ class EvaluatorWorker:
         config: WorkerConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
-        evaluator_for: Callable[[TaskDefined], Evaluator] | None = None,
+        evaluator_for: Callable[[TaskDefined], Evaluator | None] | None = None,
         claims: EvaluationClaims | None = None,
     ) -> None:
         self.log = log
@@ -194,12 +195,12 @@ class EvaluatorWorker:
         if task is None or not task.test_command:
             # The runner records this as a failed evaluation; the execution is then excluded.
             raise InvalidConfigError(f"execution {execution_id} has no task with a test command")
+        if self._evaluator_for is not None and (made := self._evaluator_for(task)) is not None:
+            return made
         if task.source:
-            if self._evaluator_for is None:
-                raise InvalidConfigError(
-                    f"task {task.task_id} is read from {task.source}: this worker has no evaluator for it"
-                )
-            return self._evaluator_for(task)
+            raise InvalidConfigError(
+                f"task {task.task_id} is read from {task.source}: this worker has no evaluator for it"
+            )
         command = [part.replace(PYTHON, sys.executable) for part in task.test_command]
         return CommandEvaluator(command, tests=task.tests, name=f"tests:{task.family or task.task_id}")
 

@@ -19,7 +19,14 @@ from gyre_train.tasks.check import (
     sandbox_for_task,
 )
 from gyre_train.tasks.families import DEMO_WEIGHTS, FAMILIES, family, task_suite
-from gyre_train.tasks.runtime import SandboxTestEvaluator, TaskFiles, TestRun, defined_tasks, run_tests
+from gyre_train.tasks.runtime import (
+    SandboxTestEvaluator,
+    TaskFiles,
+    TestRun,
+    defined_tasks,
+    event_task,
+    run_tests,
+)
 from gyre_train.tasks.sources import TaskSource, open_source
 from gyre_train.tasks.suite import (
     CHECK_COMMAND,
@@ -66,6 +73,7 @@ __all__ = [
     "check_task",
     "defined",
     "defined_tasks",
+    "event_task",
     "family",
     "held_out",
     "instances",

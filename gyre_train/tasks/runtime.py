@@ -1,7 +1,8 @@
 """Tasks from a source in a live run: their ``task.defined`` events, the workspaces written from
 the task's own files, and the evaluation of a preserved workspace by the task's tests in a sandbox.
 
-A built-in family's events carry their files, as they always have. A task read from a Harbor
+A built-in family's events carry their files, as they always have (``event_task`` makes the
+task a sandbox runs the tests of from them). A task read from a Harbor
 folder or a JSONL file is recorded by reference: the event names the source, the task and the
 content hash of its starting workspace; the launcher writes each workspace from the source's
 files (binary files and git checkouts included) and refuses files whose hash changed since the
@@ -26,7 +27,7 @@ from gyre_train.tasks.builtin import PREFIX
 from gyre_train.tasks.check import LOGS, TESTS, limits_for, read_reward, refusal, sandbox_for_task
 from gyre_train.tasks.families import task_suite
 from gyre_train.tasks.sources import open_source
-from gyre_train.tasks.task import GitCheckout, Task, tree_hash
+from gyre_train.tasks.task import FileTree, GitCheckout, Task, tree_hash
 
 BUILTIN = PREFIX
 
@@ -112,6 +113,26 @@ class TaskFiles:
                 f"{task.source}: task {task.id}: its files changed since the run recorded them "
                 f"({found[:19]} now, {event.content_hash[:19]} recorded)"
             )
+
+
+def event_task(event: TaskDefined) -> Task:
+    """The task a built-in family's ``task.defined`` event carries (files, tests and test
+    command in the event), for its tests to run in a sandbox (``run_tests``) as a sourced
+    task's do. Raises TaskSourceError for an event that names a source instead."""
+    if event.source:
+        raise TaskSourceError(f"task {event.task_id} is read from {event.source}: its files are there")
+    return Task(
+        id=event.task_id,
+        source="",
+        kind="builtin",
+        prompt=event.prompt,
+        split=event.split,
+        workspace=FileTree(dict(event.files)),
+        tests=FileTree(dict(event.tests)),
+        test_command=tuple(event.test_command),
+        agent_timeout_s=event.budget_s,
+        metadata={"family": event.family},
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,9 @@ def instances(
     family: str, make: Maker, *, count: int, split: TaskSplit, seed: int, distinct: bool = True
 ) -> list[Instance]:
     """``count`` instances of ``split`` drawn from ``seed`` (held-out: seed-independent); distinct
-    unless ``distinct`` is False (a demonstration set may repeat an instance)."""
+    unless ``distinct`` is False (a demonstration set may repeat an instance); none for 0."""
+    if count == 0:
+        return []
     rng = random.Random(f"{family}/{split.value}/{seed if split is TaskSplit.TRAIN else 0}")
     out: dict[str, Instance] = {}
     repeated: list[Instance] = []

@@ -1,6 +1,7 @@
 """Sourced tasks in a run: their ``task.defined`` events by reference, workspaces written from the
 source's files (refused when they changed), and preserved workspaces scored by the task's own
-tests in a bwrap sandbox, with reward.json's partial credit and the verifier's timeout.
+tests in a bwrap sandbox, with reward.json's partial credit and the verifier's timeout; a
+built-in family's tests in the run's sandbox too (on the host under ``local``).
 
 The bwrap cases fail when bubblewrap is missing; ``GYRE_TEST_SKIP_BWRAP=1`` skips them instead.
 """
@@ -16,18 +17,21 @@ from pathlib import Path
 
 import pytest
 
-from gyre_store import EvaluationStatus, TaskDefined, TaskSplit
+from gyre_store import EvaluationStatus, PostgresEventLog, TaskDefined, TaskSplit
 from gyre_train.exceptions import EvaluatorFailure, TaskSourceError
 from gyre_train.rewards.evaluation import PreservedState
 from gyre_train.sandbox import BwrapSandbox, LocalSandbox, bwrap_missing
 from gyre_train.tasks import (
     CopiedTree,
+    FileTree,
     SandboxTestEvaluator,
     TaskFiles,
     defined_tasks,
+    event_task,
     open_source,
     tree_hash,
 )
+from gyre_train.tasks.builtin import read_builtin
 from tests.real_servers import require
 
 HARBOR = Path(__file__).resolve().parents[2] / "fixtures" / "harbor"
@@ -187,3 +191,37 @@ def test_a_jsonl_task_is_written_and_scored_by_its_exit_status_on_the_host(area:
     (workspace / "upper.txt").write_text("GYRE\n")
     assert evaluator.evaluate(state).score == 1.0
     assert evaluator.name == "tests:local"
+
+
+def test_a_builtin_familys_tests_run_in_the_runs_sandbox_and_under_local_on_the_host(
+    area: Path, bwrap: BwrapSandbox, pg_log: PostgresEventLog
+) -> None:
+    from gyre_tools.run_config import parse_config
+    from gyre_tools.serve import sourced_evaluators
+
+    [event] = defined_tasks("builtin:copy-line", "r1", train=1, heldout=0, seed=0, budget_s=30.0)
+    [task] = [t for t in read_builtin("builtin:copy-line", train=1, heldout=0) if t.id == event.task_id]
+    assert isinstance(task.workspace, FileTree) and dict(event.files) == task.workspace.files
+    evaluator_for, _ = sourced_evaluators(parse_config('[sandbox]\nkind = "bwrap"\n'), pg_log)
+    evaluator = evaluator_for(event)
+    assert isinstance(evaluator, SandboxTestEvaluator) and evaluator.name == "tests:bwrap"
+    scores = {}
+    for solved in (False, True):
+        workspace = area / f"ws-{solved}"
+        event_task(event).workspace.materialize(workspace)
+        if solved:
+            assert task.solution is not None
+            task.solution.materialize(area / "solution")
+            shutil.copytree(area / "solution" / "files", workspace, dirs_exist_ok=True)
+        workspace.chmod(0o755)
+        result = evaluator.evaluate(PreservedState("e1", "r1", "v1", (), str(workspace)))
+        assert (
+            result.status is EvaluationStatus.VALID
+            and result.detail.endswith(" s")
+            and " in bwrap" in result.detail
+        )
+        scores[solved] = result.score
+    assert scores == {False: 0.0, True: 1.0}
+    # under local, the worker's own command evaluator runs them on the host, as before
+    local_for, _ = sourced_evaluators(parse_config('[sandbox]\nkind = "local"\n'), pg_log)
+    assert local_for(event) is None
