@@ -6,8 +6,10 @@ writable), memory and process limits as cgroup limits, CPU time and file size as
 ``prlimit`` inside (``images.in_container``), the total of the writable binds by a file system
 of ``disk_mb`` mounted over them (``disk``); its own root file system is the image's, writable
 and discarded with it. A timeout removes the container (killing the client leaves it running).
-A one-off ``run`` (a task's tests) runs as the image's user; a prepared harness as an
-unprivileged user with no capabilities (``prepare``).
+A one-off ``run`` (a task's tests) runs as the image's user in a user namespace of its own: the
+container's uids 0 to 65,535 are ``users.CONTAINER_ROOT`` onwards on the host, so the image's
+root is no user of the host, and its writable binds are handed to that uid first. A prepared
+harness runs as an unprivileged user with no capabilities (``prepare``).
 
 Podman runs with ``--runtime runc --cgroup-manager cgroupfs`` and ``CONTAINERS_CONF`` pointing to
 gyre's containers.conf (``/etc/containers/gyre.conf``): ``tools/podman_setup.sh`` writes it and
@@ -47,7 +49,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
-from gyre_train.sandbox.users import UserLease, lease_user
+from gyre_train.sandbox.users import CONTAINER_IDS, UserLease, container_root, hand_binds_over, lease_user
 
 CONF = Path("/etc/containers/gyre.conf")
 GLOBAL_FLAGS = ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
@@ -90,13 +92,22 @@ def run_args(
     env: Mapping[str, str] | None = None,
     limits: Limits = NO_LIMITS,
     harness: Harness | None = None,
+    mapped_root: int | None = None,
 ) -> list[str]:
     """``podman run`` arguments (after the global flags) for ``command`` in a new container
     ``name`` of ``image``, removed when it ends; a ``harness`` (``prepare``'s) adds an init, a
-    read-only root with a tmpfs ``/tmp``, its user with no capabilities, and the route. Raises
-    SandboxError for an empty command."""
+    read-only root with a tmpfs ``/tmp``, its user with no capabilities, and the route. With
+    ``mapped_root`` the container's uids and gids 0 to ``CONTAINER_IDS - 1`` are that host id
+    onwards (a user namespace). Raises SandboxError for an empty command."""
     args = ["run", "--rm", "--name", name, "--network", "none", "--unsetenv-all"]
     args += ["--security-opt", "no-new-privileges", "--pull", "never", "--entrypoint", "", "-w", workdir]
+    if mapped_root is not None:
+        args += [
+            "--uidmap",
+            f"0:{mapped_root}:{CONTAINER_IDS}",
+            "--gidmap",
+            f"0:{mapped_root}:{CONTAINER_IDS}",
+        ]
     if harness is not None:
         # an init as PID 1 passes on the signals podman forwards (a PID 1 without handlers ignores them)
         args += [
@@ -151,13 +162,22 @@ class PodmanSandbox(ContainerSandbox):
     ) -> RunResult:
         check_binds(workdir, binds)
         name = container_name()
-        argv = [
-            "podman",
-            *GLOBAL_FLAGS,
-            *run_args(self.image, command, name=name, workdir=workdir, binds=binds, env=env, limits=limits),
-        ]
+        root = container_root()
+        args = run_args(
+            self.image,
+            command,
+            name=name,
+            workdir=workdir,
+            binds=binds,
+            env=env,
+            limits=limits,
+            mapped_root=root,
+        )
+        argv = ["podman", *GLOBAL_FLAGS, *args]
         ended = False
         with DiskCap(binds, limits.disk_mb):
+            # the image's root is host uid ``root``: the writable binds become its, on the capped files
+            hand_binds_over(binds, (root, root))
             try:
                 with tempfile.TemporaryDirectory(prefix="gyre-podman-") as scratch:
                     # podman's conmon leaves an empty file "oom" in its working folder when the

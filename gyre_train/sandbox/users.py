@@ -36,6 +36,9 @@ NOBODY = 65534
 POOL_FIRST = 2_000_000  # above the uids /etc/subuid gives the first 29 users by default
 POOL_SIZE = 65_536
 LEASES = Path("/run/gyre/sandbox-uids")  # one lock file per leased uid; root's only
+# A one-off podman container's user namespace: its uids 0 to 65,535 are these on the host.
+CONTAINER_ROOT = 3_000_000
+CONTAINER_IDS = 65_536
 
 
 class UserLease:
@@ -109,6 +112,22 @@ def lease_user(
     raise SandboxError(
         f"uid: every uid of the sandbox pool ({first} to {first + size - 1}) is held ({folder})"
     )
+
+
+def container_root() -> int:
+    """The host uid (and gid) a one-off podman container's root is: ``CONTAINER_ROOT``, its
+    ``CONTAINER_IDS`` uids the container's. Raises SandboxError when a host user has a uid of
+    that range (``/etc/passwd``, ``/etc/subuid``)."""
+    users, ranges = _host_uids()
+    mapped = range(CONTAINER_ROOT, CONTAINER_ROOT + CONTAINER_IDS)
+    clash = sorted(uid for uid in users if uid in mapped) + [
+        r.start for r in ranges if r.start < mapped.stop and mapped.start < r.stop
+    ]
+    if clash:
+        raise SandboxError(
+            f"uid: a one-off container's uids ({mapped.start} to {mapped.stop - 1}) overlap a host user's (from {clash[0]})"
+        )
+    return CONTAINER_ROOT
 
 
 def _try_lock(path: Path) -> int | None:

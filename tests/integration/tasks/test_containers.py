@@ -27,6 +27,7 @@ from gyre_train.exceptions import SandboxError
 from gyre_train.sandbox import Bind, BwrapSandbox, Limits, Sandbox
 from gyre_train.sandbox.images import BASE_IMAGE, ContainerSandbox
 from gyre_train.sandbox.podman import GLOBAL_FLAGS, PodmanSandbox, podman_env, podman_missing
+from gyre_train.sandbox.users import CONTAINER_IDS, CONTAINER_ROOT
 from gyre_train.tasks import Verdict, check_task, open_source, refusal
 from tests.real_servers import require
 
@@ -152,6 +153,31 @@ def test_binds_are_read_only_unless_writable(box: ContainerSandbox, area: Path) 
     assert ran.stdout.splitlines() == ["wrote /app/ok.txt", "refused /tests/x.txt OSError", "read read me"]
     assert (area / "ws" / "ok.txt").read_text() == "x"
     assert not (area / "ro" / "x.txt").exists()
+
+
+MAPPED = """
+import os, pathlib
+print(os.getuid())
+print(pathlib.Path("/proc/self/uid_map").read_text().split())
+pathlib.Path("/app/by-root.txt").write_text("x")
+try:
+    os.chown("/app/by-root.txt", 70000, 70000)  # a uid outside the namespace's map
+    print("chowned")
+except OSError as exc:
+    print("refused", type(exc).__name__)
+"""
+
+
+def test_a_one_off_podman_run_is_the_images_root_in_a_user_namespace_of_its_own(
+    podman: PodmanSandbox, area: Path
+) -> None:
+    ran = podman.run(["python3", "-c", MAPPED], workdir="/app", binds=_binds(area), timeout_s=60)
+    assert ran.exit_code == 0, ran.stderr
+    uid, mapping, chown = ran.stdout.splitlines()
+    # the image's root (Harbor's tests may install what they need), which on the host is uid 3,000,000
+    assert (uid, mapping) == ("0", str(["0", str(CONTAINER_ROOT), str(CONTAINER_IDS)]))
+    assert (area / "ws" / "by-root.txt").stat().st_uid == CONTAINER_ROOT == (area / "ws").stat().st_uid
+    assert chown == "refused OSError"  # a host uid outside its range it cannot even name (EINVAL)
 
 
 CONNECT = """

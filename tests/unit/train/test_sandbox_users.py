@@ -148,3 +148,22 @@ def test_a_uid_another_process_holds_is_skipped_until_that_process_dies(
                 assert lease.uid == FREE
         finally:
             holder.kill()
+
+
+def test_a_one_off_podman_container_maps_its_ids_unless_a_host_user_has_one_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gyre_train.sandbox import users
+
+    args = run_args("img", ["true"], name="n", workdir="/w", mapped_root=users.container_root())
+    assert _after(args, "--uidmap") == _after(args, "--gidmap") == ["0:3000000:65536"]
+    assert args.index("--uidmap") < args.index("img")
+    assert "--uidmap" not in run_args("img", ["true"], name="n", workdir="/w")
+    monkeypatch.setattr(users, "_host_uids", lambda: ({0}, [range(2_999_000, 3_000_001)]))
+    with pytest.raises(SandboxError, match=r"overlap a host user's \(from 2999000\)"):
+        users.container_root()
+    monkeypatch.setattr(users, "_host_uids", lambda: ({3_065_535}, []))
+    with pytest.raises(SandboxError, match="from 3065535"):
+        users.container_root()
+    monkeypatch.setattr(users, "_host_uids", lambda: ({3_065_536}, [range(2_000_000, 3_000_000)]))
+    assert users.container_root() == 3_000_000  # just outside, on both sides
