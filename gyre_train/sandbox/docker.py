@@ -56,7 +56,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
-from gyre_train.sandbox.users import UserLease, lease_user
+from gyre_train.sandbox.users import UserLease
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 API_TIMEOUT_S = 60
@@ -195,48 +195,22 @@ class DockerSandbox(ContainerSandbox):
             exit_code, out[-TAIL_CHARS:], err[-TAIL_CHARS:], time.monotonic() - started, timed_out
         )
 
-    def prepare(
-        self,
-        command: Sequence[str],
-        *,
-        workdir: str,
-        name: str,
-        binds: Sequence[Bind] = (),
-        env: Mapping[str, str] | None = None,
-        limits: Limits = NO_LIMITS,
-        route: ProxyRoute | None = None,
-    ) -> Prepared:
-        """``run``'s container for a long-running command, shaped by ``Harness`` (a read-only
-        root with a tmpfs ``/tmp``, the route when given, an unprivileged user with no
-        capabilities: ``users``, the writable binds handed to it here), run by ``attach`` in a
-        process of its own; ``cleanup`` removes the container, and every process in it, then
-        copies the files of writable binds capped by ``disk_mb`` back (``disk.DiskCap``: mounted
-        here, on this host, so the engine must be this host's)."""
-        user = lease_user(self.uid)  # given back by the cleanup
-        try:
-            return self._prepare(
-                command, user, workdir=workdir, name=name, binds=binds, env=env, limits=limits, route=route
-            )
-        except BaseException:
-            user.release()
-            raise
-
     def _prepare(
         self,
         command: Sequence[str],
         user: UserLease,
+        harness: Harness,
+        container: str,
         *,
         workdir: str,
-        name: str,
         binds: Sequence[Bind],
         env: Mapping[str, str] | None,
         limits: Limits,
-        route: ProxyRoute | None,
     ) -> Prepared:
-        harness = Harness(name, route, user.user)
-        harness.check()
-        check_binds(workdir, harness.binds(binds))
-        container = container_name(name)
+        """``prepare``'s container, run by ``attach`` in a process of its own; ``cleanup``
+        removes the container, and every process in it, then copies the files of writable binds
+        capped by ``disk_mb`` back (``disk.DiskCap``: mounted here, on this host, so the engine
+        must be this host's), then gives ``user`` back."""
         spec = {
             "image": self.image,
             "command": list(command),
@@ -245,7 +219,11 @@ class DockerSandbox(ContainerSandbox):
             "binds": [[str(b.source), b.target, b.writable] for b in binds],
             "env": dict(env or {}),
             "limits": [limits.memory_mb, limits.cpu_s, limits.processes, limits.file_size_mb],
-            "harness": [name, None if route is None else [str(route.socket), route.port], harness.user],
+            "harness": [
+                harness.name,
+                None if harness.route is None else [str(harness.route.socket), harness.route.port],
+                harness.user,
+            ],
         }
         argv = (sys.executable, "-m", "gyre_train.sandbox.docker", "attach", self.base_url, json.dumps(spec))
         env_out = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "HOME": os.environ.get("HOME", "/root")}

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Self
 
 from gyre_train.exceptions import SandboxError
-from gyre_train.sandbox.base import Bind, Limits, ProxyRoute, Sandbox, minimal_env
+from gyre_train.sandbox.base import NO_LIMITS, Bind, Limits, Prepared, ProxyRoute, Sandbox, minimal_env
 from gyre_train.sandbox.relay import check_route, route_binds, routed
-from gyre_train.sandbox.users import hand_binds_over
+from gyre_train.sandbox.users import UserLease, hand_binds_over, lease_user
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,57 @@ class ContainerSandbox(Sandbox):
     python = "/usr/bin/python3"  # the base image's (the host's); an image of a task's own may differ
     image: str
     uid: int | None = None  # None: each prepared harness a user of the pool's (``users.lease_user``)
+
+    def prepare(
+        self,
+        command: Sequence[str],
+        *,
+        workdir: str,
+        name: str,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] | None = None,
+        limits: Limits = NO_LIMITS,
+        route: ProxyRoute | None = None,
+    ) -> Prepared:
+        """``run``'s container for a long-running command, shaped by ``Harness`` (a read-only
+        root with a tmpfs ``/tmp``, the route when given), run as an unprivileged user with no
+        capabilities: as root, a user leased for it (``users.lease_user``), the writable binds
+        handed to it with their files; the lease is given back by the cleanup, or here when the
+        preparation fails."""
+        user = lease_user(self.uid)
+        try:
+            harness = Harness(name, route, user.user)
+            harness.check()
+            check_binds(workdir, harness.binds(binds))
+            return self._prepare(
+                command,
+                user,
+                harness,
+                container_name(name),
+                workdir=workdir,
+                binds=binds,
+                env=env,
+                limits=limits,
+            )
+        except BaseException:
+            user.release()
+            raise
+
+    @abstractmethod
+    def _prepare(
+        self,
+        command: Sequence[str],
+        user: UserLease,
+        harness: Harness,
+        container: str,
+        *,
+        workdir: str,
+        binds: Sequence[Bind],
+        env: Mapping[str, str] | None,
+        limits: Limits,
+    ) -> Prepared:
+        """``prepare``'s container ``container`` for ``command`` as ``harness`` says, the writable
+        binds handed to ``user``; its cleanup gives ``user`` back once the container is gone."""
 
     @abstractmethod
     def with_image(self, image: str) -> Self:

@@ -34,7 +34,6 @@ from gyre_train.sandbox.base import (
     Bind,
     Limits,
     Prepared,
-    ProxyRoute,
     RunResult,
     run_group,
 )
@@ -49,7 +48,7 @@ from gyre_train.sandbox.images import (
     container_name,
     in_container,
 )
-from gyre_train.sandbox.users import CONTAINER_IDS, UserLease, container_root, hand_binds_over, lease_user
+from gyre_train.sandbox.users import CONTAINER_IDS, UserLease, container_root, hand_binds_over
 
 CONF = Path("/etc/containers/gyre.conf")
 GLOBAL_FLAGS = ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
@@ -193,48 +192,22 @@ class PodmanSandbox(ContainerSandbox):
             )
         return result
 
-    def prepare(
-        self,
-        command: Sequence[str],
-        *,
-        workdir: str,
-        name: str,
-        binds: Sequence[Bind] = (),
-        env: Mapping[str, str] | None = None,
-        limits: Limits = NO_LIMITS,
-        route: ProxyRoute | None = None,
-    ) -> Prepared:
-        """``run``'s container for a long-running command, shaped by ``Harness``: an init, a
-        read-only root with a tmpfs ``/tmp``, the route when given, and run as an unprivileged
-        user with no capabilities (``--user``, ``--cap-drop all``; ``users``: as root, nobody,
-        the writable binds handed to it). Killing the ``podman run`` client leaves the container
-        running: ``cleanup`` removes it, and every process in it, then copies the files of
-        writable binds capped by ``disk_mb`` back (``disk.DiskCap``)."""
-        user = lease_user(self.uid)  # given back by the cleanup
-        try:
-            return self._prepare(
-                command, user, workdir=workdir, name=name, binds=binds, env=env, limits=limits, route=route
-            )
-        except BaseException:
-            user.release()
-            raise
-
     def _prepare(
         self,
         command: Sequence[str],
         user: UserLease,
+        harness: Harness,
+        container: str,
         *,
         workdir: str,
-        name: str,
         binds: Sequence[Bind],
         env: Mapping[str, str] | None,
         limits: Limits,
-        route: ProxyRoute | None,
     ) -> Prepared:
-        harness = Harness(name, route, user.user)
-        harness.check()
-        check_binds(workdir, harness.binds(binds))
-        container = container_name(name)
+        """``prepare``'s container, with an init (``--user``, ``--cap-drop all`` for its user).
+        Killing the ``podman run`` client leaves the container running: ``cleanup`` removes it,
+        and every process in it, then copies the files of writable binds capped by ``disk_mb``
+        back (``disk.DiskCap``), then gives ``user`` back."""
         args = run_args(
             self.image,
             command,
