@@ -241,7 +241,6 @@ class ContainerSandbox(Sandbox):
             user.release()
             raise
 
-    @abstractmethod
     def _prepare(
         self,
         command: Sequence[str],
@@ -256,6 +255,7 @@ class ContainerSandbox(Sandbox):
     ) -> Prepared:
         """``prepare``'s container ``container`` for ``command`` as ``harness`` says, the writable
         binds handed to ``user``; its cleanup gives ``user`` back once the container is gone."""
+        raise SandboxError(f"the {self.kind} sandbox cannot start long-running processes")
 
     @abstractmethod
     def with_image(self, image: str) -> Self:
