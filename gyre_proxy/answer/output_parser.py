@@ -120,6 +120,8 @@ def parse_tool_call(body: str) -> tuple[str, str] | None:
 
 def _held_prefix(buf: str, tag: str) -> int:
     """Length of the longest suffix of ``buf`` that is a proper prefix of ``tag``."""
+    if not buf or buf[-1] not in tag[:-1]:
+        return 0  # every such suffix ends with a character of the tag's proper prefixes
     for n in range(min(len(buf), len(tag) - 1), 0, -1):
         if tag.startswith(buf[-n:]):
             return n

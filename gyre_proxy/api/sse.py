@@ -13,6 +13,7 @@ import collections
 import contextlib
 import enum
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -75,6 +76,12 @@ class EventPump(Generic[T]):
         self._waiter: asyncio.Future[None] | None = None  # ``next`` waits on it
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
+        # The quiet timer: one per stream, armed when a wait begins with none armed and moved
+        # on only when it fires before the current wait's deadline, instead of a timer made
+        # and cancelled for every item (a fair share of a streamed token's cost).
+        self._deadline = math.inf  # when the current wait times out (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf  # when it fires
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
@@ -123,18 +130,36 @@ class EventPump(Generic[T]):
         if not self._items:
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, waiter)
+            if timeout_s is None:
+                self._deadline = math.inf
+            else:
+                self._deadline = loop.time() + timeout_s
+                if self._timer is None or self._timer_at > self._deadline:
+                    if self._timer is not None:  # armed for a longer wait than this one
+                        self._timer.cancel()
+                    self._timer, self._timer_at = loop.call_at(self._deadline, self._quiet), self._deadline
             try:
                 await waiter
             finally:
                 self._waiter = None
-                if timer is not None:
-                    timer.cancel()
             if self._closed:
                 return Pulse.END  # closed (by the client going away) while this read waited
             if not self._items:
                 return Pulse.TICK
         return self._took()
+
+    def _quiet(self) -> None:
+        """The quiet timer fired: wake a wait whose deadline has passed, or wait on for it."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._deadline == math.inf:
+            return  # nothing waits with a timeout; the next wait arms the timer again
+        loop = waiter.get_loop()
+        # The loop's timers fire to the millisecond: within one of the deadline counts as past.
+        if loop.time() + 0.001 >= self._deadline:
+            waiter.set_result(None)
+        else:
+            self._timer, self._timer_at = loop.call_at(self._deadline, self._quiet), self._deadline
 
     async def aclose(self) -> None:
         """Stop the source: cancel a pending read, then close the generator. Idempotent.
@@ -155,6 +180,9 @@ class EventPump(Generic[T]):
 
     async def _close(self) -> None:
         reader, self._reader = self._reader, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         # Items read ahead and never taken are dropped: the response is over.
@@ -194,11 +222,6 @@ class _Raised:
 
     def __init__(self, error: Exception) -> None:
         self.error = error
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 async def open_stream(source: AsyncIterator[T], timeout_s: float) -> tuple[EventPump[T], T | Pulse]:

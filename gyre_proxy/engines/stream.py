@@ -23,6 +23,9 @@ from gyre_proxy.exceptions import (
 )
 
 DONE = b"[DONE]"
+# One decoder for every streamed chunk: ``msgspec.json.decode(data, type=...)`` looks the
+# type up on each call.
+_CHUNK = msgspec.json.Decoder(engine_api.GenerateResponse)
 
 
 async def iter_sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -108,7 +111,7 @@ class StreamAccumulator:
         if data.startswith(b'{"error"'):
             _raise_stream_error(data)
         try:
-            wire = engine_api.decode(data, engine_api.GenerateResponse)
+            wire = _CHUNK.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             _raise_stream_error(data)
             raise EngineProtocolError(f"stream of {self.rid}: bad chunk {data[:200]!r}") from exc

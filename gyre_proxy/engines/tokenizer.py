@@ -91,6 +91,10 @@ class QwenTokenizer:
         self._single = encoding.decode_single_token_bytes
         self._ranks: Any = getattr(encoding, "_mergeable_ranks", None)  # BPE bytes -> id
         self._lengths: npt.NDArray[np.int64] | None = None
+        # One token's bytes by id, filled as ids are seen: a streamed answer decodes a token at
+        # a time, and the BPE core's call (which releases and retakes the GIL) cost more than
+        # the lookup.
+        self._token_bytes: dict[int, bytes] = {}
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, allowed_special=set(), disallowed_special=()))
@@ -99,6 +103,12 @@ class QwenTokenizer:
         return str(self._tok.decode(list(ids)))
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        if len(ids) == 1:
+            token = int(ids[0])
+            cached = self._token_bytes.get(token)
+            if cached is None:
+                cached = self._token_bytes[token] = bytes(self._decode_bytes([token]))
+            return cached
         return bytes(self._decode_bytes(list(ids)))
 
     def special(self, token: str) -> int:

@@ -71,25 +71,79 @@ _JSON = {"content-type": "application/json"}
 
 
 class _AiohttpStream:
-    def __init__(self, response: aiohttp.ClientResponse, what: str) -> None:
+    """A streamed body whose reads time out after ``idle_s`` without data, as aiohttp's
+    ``sock_read`` does, but from one timer per stream: aiohttp moves its timer on every chunk
+    (a timer cancelled and made per streamed token), this one is moved on only when it fires
+    while data is still coming (``_IdleTimer``)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, what: str, idle_s: float | None) -> None:
         self.status = response.status
         self._response = response
         self._what = what
+        self._idle_s = idle_s
 
     async def read(self) -> bytes:
-        try:
-            return await self._response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineUnavailable(f"{self._what} broke: {exc!r}") from exc
+        return b"".join([chunk async for chunk in self.chunks()])
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        content = self._response.content
+        idle = None if self._idle_s is None else _IdleTimer(content, self._idle_s)
         try:
             # Not ``readline``: aiohttp refuses lines over 128 KiB, and a cumulative SGLang
             # chunk late in a long answer is far longer.
-            async for chunk in self._response.content.iter_any():
+            while True:
+                if idle is not None:
+                    idle.waiting()
+                chunk = await content.readany()
+                if idle is not None:
+                    idle.waited()
+                if not chunk:  # the end of the body
+                    return
                 yield chunk
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineUnavailable(f"{self._what} broke: {exc!r}") from exc
+        finally:
+            if idle is not None:
+                idle.stop()
+
+
+class _IdleTimer:
+    """Fails ``content``'s pending read once it has waited ``idle_s`` for data.
+
+    One timer per stream: armed when a read begins with none armed, moved on to the current
+    read's deadline when it fires early, left to lapse when it fires between reads.
+    """
+
+    def __init__(self, content: aiohttp.StreamReader, idle_s: float) -> None:
+        self._content = content
+        self._idle_s = idle_s
+        self._loop = asyncio.get_running_loop()
+        self._deadline: float | None = None  # of the read in progress
+        self._timer: asyncio.TimerHandle | None = None
+
+    def waiting(self) -> None:
+        self._deadline = self._loop.time() + self._idle_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._fired)
+
+    def waited(self) -> None:
+        self._deadline = None
+
+    def stop(self) -> None:
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fired(self) -> None:
+        self._timer = None
+        if self._deadline is None:
+            return  # between reads; the next read arms it again
+        # The loop's timers fire to the millisecond: within one of the deadline counts as past.
+        if self._loop.time() + 0.001 >= self._deadline:
+            self._content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._fired)
 
 
 class AiohttpEngineHttp:
@@ -107,6 +161,9 @@ class AiohttpEngineHttp:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=timeout_s)
+        # A stream's body is timed by ``_AiohttpStream`` (``_IdleTimer``); its head by ``stream``.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None)
+        self._idle_s = timeout_s
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
@@ -137,11 +194,14 @@ class AiohttpEngineHttp:
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, content: bytes) -> AsyncIterator[HttpStream]:
         try:
-            response = await self._http().request(method, self.base_url + path, data=content, headers=_JSON)
+            async with asyncio.timeout(self._idle_s):  # the head, as ``sock_read`` bounds it
+                response = await self._http().request(
+                    method, self.base_url + path, data=content, headers=_JSON, timeout=self._stream_timeout
+                )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _unavailable(method, path, exc) from exc
         try:
-            yield _AiohttpStream(response, f"{method} {path} stream")
+            yield _AiohttpStream(response, f"{method} {path} stream", self._idle_s)
         finally:
             # ``release`` puts a connection whose body ended back in the pool; ``close`` drops
             # one that still carries an unread body (an abort, a client gone, an error).

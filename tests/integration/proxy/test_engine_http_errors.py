@@ -154,3 +154,44 @@ async def test_a_cumulative_chunk_of_megabytes_arrives_whole(
         deltas = [d async for d in client.generate_stream([1], SamplingConfig(max_new_tokens=len(ids)))]
     assert [t for d in deltas for t in d.output_ids.tolist()] == ids
     assert deltas[-1].finish is not None and deltas[-1].finish.kind is FinishKind.LENGTH
+
+
+def paced(count: int, gap_s: float, then_s: float) -> Handler:
+    """A stream of ``count`` tokens ``gap_s`` apart, then ``then_s`` of silence before its end."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(1, count + 1):
+            await response.write(chunk([n], n, None))
+            await asyncio.sleep(gap_s)
+        await asyncio.sleep(then_s)
+        await response.write(chunk([], count, {"type": "stop"}))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return handle
+
+
+async def test_a_stream_silent_past_the_timeout_mid_answer_is_unavailable(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    url = await serve(paced(2, 0.01, 5.0))
+    async with EngineClient(EngineClientConfig(url, timeout_s=0.3)) as client:
+        got = []
+        with pytest.raises(EngineUnavailable, match="broke") as raised:
+            async for delta in client.generate_stream([1], SamplingConfig()):
+                got.append(delta.output_ids.tolist())
+    assert got == [[1], [2]]
+    assert "Timeout on reading data" in str(raised.value)  # aiohttp's SocketTimeoutError
+
+
+async def test_a_stream_longer_than_the_timeout_with_data_inside_it_completes(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    # Each gap is under the timeout, the whole answer several times over it.
+    url = await serve(paced(12, 0.1, 0.1))
+    async with EngineClient(EngineClientConfig(url, timeout_s=0.35)) as client:
+        deltas = [d async for d in client.generate_stream([1], SamplingConfig())]
+    assert [t for d in deltas for t in d.output_ids.tolist()] == list(range(1, 13))
+    assert deltas[-1].finish is not None and deltas[-1].finish.kind is FinishKind.STOP

@@ -50,6 +50,26 @@ async def test_ticks_do_not_disturb_a_slow_source() -> None:
     assert seen.count(Pulse.TICK) >= 3 and source.ended == "completed"
 
 
+async def test_a_long_first_wait_does_not_delay_the_ticks_of_shorter_ones() -> None:
+    # The first wait arms the pump's one timer far ahead; a shorter wait after it must still
+    # tick on its own deadline (the guard only bounds a failure, it is not a timing check).
+    source = Source([0.0, 60.0])
+    pump = EventPump(source.run())
+    assert await pump.next(30.0) == 0
+    assert await asyncio.wait_for(pump.next(0.02), 5.0) is Pulse.TICK
+    await pump.aclose()
+
+
+async def test_a_timer_left_by_an_earlier_wait_does_not_end_a_later_one_early() -> None:
+    # Item 0 comes at once, leaving the timer armed for its 0.05 s deadline; the next wait
+    # allows 2 s, and item 1 (0.3 s later) must come out of it, not a tick.
+    source = Source([0.0, 0.3])
+    pump = EventPump(source.run())
+    assert await pump.next(0.05) == 0
+    assert await pump.next(2.0) == 1
+    await pump.aclose()
+
+
 async def test_aclose_cancels_a_pending_read_and_closes_the_source() -> None:
     source = Source([0.0, 60.0])
     pump = EventPump(source.run())

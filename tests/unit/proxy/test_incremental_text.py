@@ -52,6 +52,13 @@ def test_incremental_text_is_a_prefix_and_ends_equal_to_whole_decoding(
     assert text.finish() == tok.decode(ids[:-1])
 
 
+def test_one_token_bytes_remembered_match_the_bpe_core(tok: QwenTokenizer) -> None:
+    ids = tok.encode(TEXT + " 🚀 naïve")
+    singles = [tok.decode_bytes([i]) for i in ids]  # the first sight of each id asks the core
+    assert [tok.decode_bytes([i]) for i in ids] == singles  # the second is remembered
+    assert b"".join(singles) == tok.decode_bytes(ids) == (TEXT + " 🚀 naïve").encode()
+
+
 def test_a_character_split_across_tokens_waits_for_its_last_byte(tok: QwenTokenizer) -> None:
     rocket = "🚀".encode()
     pieces = [i for i in tok.encode("🚀")]

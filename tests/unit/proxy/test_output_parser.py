@@ -8,10 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gyre_proxy.answer.output_parser import JsonToolCallParser, OutputParser, new_tool_use_id, parse_output
+from gyre_proxy.answer.output_parser import (
+    JsonToolCallParser,
+    OutputParser,
+    _held_prefix,
+    new_tool_use_id,
+    parse_output,
+)
 from gyre_proxy.chat import (
     Block,
     BlockKind,
@@ -287,3 +293,20 @@ def test_llama3_json_calls_text_and_malformed_calls(cut: int) -> None:
     assert isinstance(text, TextBlock) and text.text == "The answer is 4."
     (bad,) = _blocks_of(JsonToolCallParser(), chunks('{"name": "Bash", "parameters": '))
     assert isinstance(bad, TextBlock) and bad.text == '{"name": "Bash", "parameters":'
+
+
+@settings(max_examples=300, deadline=None)
+@example("x</think", "</think>")
+@example("a<tool_cal", "<tool_call>")
+@example("a<tool_call", "<tool_call>")
+@example("text<", "<tool_call>")
+@example("</tool_call", "</tool_call>")
+@given(
+    st.text(alphabet="<>/_tolcahk x\n", max_size=14),
+    st.sampled_from(["<tool_call>", "</think>", "</tool_call>"]),
+)
+def test_held_prefix_is_the_longest_suffix_that_begins_the_tag(buf: str, tag: str) -> None:
+    expected = max(
+        (n for n in range(1, min(len(buf), len(tag) - 1) + 1) if tag.startswith(buf[-n:])), default=0
+    )
+    assert _held_prefix(buf, tag) == expected
