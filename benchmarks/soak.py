@@ -23,8 +23,8 @@ the phase's end too; a refusal is not an answer.
 Per phase: calls/s answered, generated tokens/s, proxy CPU per call and per generated token
 (/proc of the proxy's workers), the added latency p50/p99 (the proxy's own
 ``x-gyre-overhead-duration-ms`` on each answer), the store's append rate (records per s),
-the spool's largest backlog (``/health``, sampled each second), refusals by status, and the
-CPU each part of the system took (proxy, engine, harness, PostgreSQL) beside the machine's
+the spool's largest backlog (``/health``, sampled each second), refusals by status, the
+largest resident set of a proxy worker (sampled each second), and the CPU each part of the system took (proxy, engine, harness, PostgreSQL) beside the machine's
 idle share. At the end, after the spool is drained: every execution's answered calls,
 counted by the harness, against its records in the store (not aborted): equal for every one
 of them, or the executions that differ.
@@ -387,6 +387,17 @@ def postgres_pids() -> list[int]:
     return pids
 
 
+def rss_mib(pid: int) -> float:
+    """Resident set of ``pid`` now, in MiB (VmRSS); 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def machine_ticks() -> tuple[int, int]:
     """Idle and total CPU ticks of the machine so far (/proc/stat)."""
     ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
@@ -447,6 +458,7 @@ class Phase:
     idle_share: float
     appended: int
     largest_backlog: int
+    proxy_rss_mib: float  # the largest resident set of one proxy worker, sampled each second
 
     @property
     def answered(self) -> int:
@@ -563,10 +575,11 @@ def run_phase(
     (work / f"{name}.go.tmp").write_text(repr(time.time() + seconds))
     (work / f"{name}.go.tmp").rename(go)
     harness_cpu: dict[int, float] = {}
-    backlog = 0
+    backlog, rss = 0, 0.0
     while any(p.poll() is None for p in procs):
         h = health(base)
         backlog = max(backlog, int(h.get("spool_pending", 0)))
+        rss = max([rss, rss_mib(proxy), *(rss_mib(w) for w in children(proxy))])
         for pid in harness_pids:
             harness_cpu[pid] = max(harness_cpu.get(pid, 0.0), cpu_seconds(pid))
         time.sleep(1.0)
@@ -601,6 +614,7 @@ def run_phase(
         idle,
         after_records - before_records,
         backlog,
+        rss,
     )
 
 
@@ -711,7 +725,7 @@ def report(
     table = Table(title=f"soak: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
     for c in ("phase", "executions", "calls/s offered / answered", "generated tokens/s", "proxy CPU per call / token",
               "added latency p50 / p99 (ms)", "store appends/s", "spool backlog max", "refused 529 / 429",
-              "CPU s/s proxy, engine, harness, postgres; idle"):  # fmt: skip
+              "proxy worker RSS max", "CPU s/s proxy, engine, harness, postgres; idle"):  # fmt: skip
         table.add_column(c)
     figures = []
     for p in phases:
@@ -729,7 +743,7 @@ def report(
             "refused": p.harness.refused, "errors": len(p.harness.errors),
             "cpu_s_per_s": {k: v / p.seconds for k, v in cpu.items()}, "idle_share": p.idle_share,
             "compactions": p.harness.compactions, "largest_history_tokens": p.harness.largest_history,
-            "seconds": p.seconds,
+            "seconds": p.seconds, "proxy_worker_rss_mib_max": p.proxy_rss_mib,
         }  # fmt: skip
         figures.append(row)
         table.add_row(
@@ -738,7 +752,7 @@ def report(
             f"{row['proxy_cpu_ms_per_call']:.2f} ms / {row['proxy_cpu_ms_per_token']:.3f} ms",
             f"{row['overhead_p50_ms']:.1f} / {row['overhead_p99_ms']:.1f}", f"{row['appends_s']:.1f}",
             str(p.largest_backlog), f"{p.harness.refused.get('529', 0)} / {p.harness.refused.get('429', 0)}",
-            ", ".join(f"{v / p.seconds:.2f}" for v in cpu.values()) + f"; {p.idle_share:.0%}",
+            f"{p.proxy_rss_mib:,.0f} MiB", ", ".join(f"{v / p.seconds:.2f}" for v in cpu.values()) + f"; {p.idle_share:.0%}",
         )  # fmt: skip
     console.print(table)
     paper = figures[0]

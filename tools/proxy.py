@@ -161,6 +161,15 @@ def register(subparsers: Any) -> None:
         type=float,
         help="seconds a refused call is told to wait (its retry-after header)",
     )
+    add_env_argument(
+        serve,
+        "--sequence-cache-mb",
+        "GYRE_PROXY_SEQUENCE_CACHE_MB",
+        default="1024",
+        type=int,
+        help="memory each worker keeps for the full token sequences of recent records, so a "
+        "turn slices its prefix from memory; one past it is rebuilt from the log (default 1024)",
+    )
     # Set by `--workers N` on the processes it starts.
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-table", help=argparse.SUPPRESS)
@@ -216,8 +225,10 @@ def run_serve(args: argparse.Namespace) -> int:
         return supervise(args)
     if args.workers < 1:
         raise SystemExit("gyre proxy serve: --workers must be at least 1")
-    if args.max_in_flight < 0 or args.retry_after < 0:
-        raise SystemExit("gyre proxy serve: --max-in-flight and --retry-after must not be negative")
+    if args.max_in_flight < 0 or args.retry_after < 0 or args.sequence_cache_mb < 0:
+        raise SystemExit(
+            "gyre proxy serve: --max-in-flight, --retry-after and --sequence-cache-mb must not be negative"
+        )
     if args.run and needs_advertise_host(args.host, args.advertise_host):
         raise SystemExit(
             f"gyre proxy serve: --host {args.host!r} listens on every address; --advertise-host "
@@ -242,6 +253,7 @@ def run_serve(args: argparse.Namespace) -> int:
         answers_log=Path(args.answers_log) if args.answers_log else None,
         max_in_flight=args.max_in_flight,
         retry_after_s=args.retry_after,
+        sequence_cache_bytes=args.sequence_cache_mb << 20,
         # Set by `--workers N` for its workers: /metrics then sums every worker's values.
         metrics_dir=Path(os.environ[METRICS_DIR_ENV])
         if args.worker_index is not None and os.environ.get(METRICS_DIR_ENV)

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 from gyre_proxy.answer.machine import AnswerMachine, GiveUp, Reroute, Stage, StopEngine
 from gyre_proxy.answer.routing import RoutedEngine, Router
+from gyre_proxy.answer.sequences import SequenceCache, StoredRecord, rebuild_sequence
 from gyre_proxy.chat import (
     ENGINE_WAIT,
     Block,
@@ -88,13 +89,6 @@ class AnswerObserver(Protocol):
         ...
 
 
-@dataclass
-class _Sequences:
-    """Full token sequences (input + output) of an execution's recent records."""
-
-    by_request: OrderedDict[str, npt.NDArray[np.int32]] = field(default_factory=OrderedDict)
-
-
 class AnswerPipeline:
     """A :class:`~gyre_proxy.chat.answerer.Answerer` over engines, the store and a spool."""
 
@@ -107,6 +101,7 @@ class AnswerPipeline:
         context_limit: int = 131_072,
         max_tokens: int | None = None,
         keep_sequences: int = 8,
+        sequence_bytes: int = 1 << 30,
         max_executions: int = 4096,
         inline_chars: int = 8192,
         sync: ExecutionSync | None = None,
@@ -123,7 +118,9 @@ class AnswerPipeline:
         self.sync = sync
         self.observer = observer
         self.prepared_inline = 0  # requests encoded on the event loop (the rest went to a thread)
-        self._seqs: dict[str, _Sequences] = {}
+        # Full sequences of recent records, so the next turn slices its prefix from memory:
+        # ``keep_sequences`` per execution, ``sequence_bytes`` in all (sequences.py says why).
+        self.sequences = SequenceCache(max_bytes=sequence_bytes, per_execution=keep_sequences)
         self._recent: OrderedDict[str, None] = OrderedDict()
         self.tok = ingestor.template.tok
         self._stop_ids = ingestor.template.stop_ids
@@ -224,7 +221,7 @@ class AnswerPipeline:
                 self._recent.move_to_end(oldest)
                 continue
             del self._recent[oldest]
-            self._seqs.pop(oldest, None)
+            self.sequences.forget(oldest)
             self.ingestor.recorder.forget(oldest)
             self.ingestor.payloads.forget(oldest)
 
@@ -233,35 +230,34 @@ class AnswerPipeline:
         back from the log when next used. This process's own records of it go first."""
         if self.spool.pending_for(execution_id):
             await asyncio.to_thread(self.spool.flush)
-        self._seqs.pop(execution_id, None)
+        self.sequences.forget(execution_id)
         self.ingestor.recorder.forget(execution_id)
         # Critiques it asked for through another process are marked as critiques here too.
         await asyncio.to_thread(self.ingestor.critiques.refresh, execution_id)
 
     def _remember(self, execution_id: str, request_id: str, full: npt.NDArray[np.int32]) -> None:
-        seqs = self._seqs.setdefault(execution_id, _Sequences()).by_request
-        seqs[request_id] = full
-        while len(seqs) > self.keep_sequences:
-            seqs.popitem(last=False)
+        self.sequences.put(execution_id, request_id, full)
 
     def _prefix_tokens(self, execution_id: str, request_id: str) -> npt.NDArray[np.int32]:
-        seqs = self._seqs.setdefault(execution_id, _Sequences()).by_request
-        if request_id not in seqs:
-            # Not among the recent ones (or the proxy restarted): rebuild from the log.
-            self.spool.flush()
-            full: dict[str, npt.NDArray[np.int32]] = {}
-            recorder: TrajectoryRecorder = self.ingestor.recorder
-            for ev in recorder.log.read_stream(StreamId("calls", execution_id)):
-                e = ev.event
-                assert isinstance(e, ModelCallRecorded)
-                a = TitoArrays.from_payload(ev.payload)
-                prefix = full[e.prefix_of][: e.prefix_len] if e.prefix_of else np.zeros(0, np.int32)
-                full[e.request_id] = np.concatenate([prefix, a.input_ids, a.output_ids])
-            if request_id not in full:
-                raise EngineBadRequest(f"record {request_id} of {execution_id} is not stored")
-            seqs[request_id] = full[request_id]
-        seqs.move_to_end(request_id)
-        return seqs[request_id]
+        held = self.sequences.get(execution_id, request_id)
+        if held is not None:
+            return held
+        # Not among the recent ones (or the proxy restarted): rebuild from the log, holding
+        # each record's new tokens once and assembling only this record's sequence.
+        self.spool.flush()
+        recorder: TrajectoryRecorder = self.ingestor.recorder
+        stored: list[StoredRecord] = []
+        for ev in recorder.log.read_stream(StreamId("calls", execution_id)):
+            e = ev.event
+            assert isinstance(e, ModelCallRecorded)
+            a = TitoArrays.from_payload(ev.payload)
+            new = np.concatenate([a.input_ids, a.output_ids])
+            stored.append(StoredRecord(e.request_id, e.prefix_of, e.prefix_len, new))
+        full = rebuild_sequence(stored, request_id)
+        if full is None:
+            raise EngineBadRequest(f"record {request_id} of {execution_id} is not stored")
+        self.sequences.put(execution_id, request_id, full)
+        return full
 
     async def _prepare(
         self, execution: ExecutionAuth, request: ChatRequest
@@ -278,8 +274,7 @@ class AnswerPipeline:
         match = self.ingestor.match(ex, request)
         if match is not None and match.pending_chars <= self.inline_chars:
             point = match.exact or match.prefix
-            seqs = self._seqs.get(ex)
-            if point is None or (seqs is not None and point.request_id in seqs.by_request):
+            if point is None or self.sequences.holds(ex, point.request_id):
                 self.prepared_inline += 1
                 return self._prepare_now(ex, run, request, match)
         return await asyncio.to_thread(self._prepare_now, ex, run, request, match)

@@ -73,6 +73,9 @@ class ProxyConfig:
     # overload shape with ``retry-after: retry_after_s`` (``service/capacity.py``). 0: no bound.
     max_in_flight: int = 0
     retry_after_s: float = 1.0
+    # Memory for the full token sequences of recent records (``answer/sequences.py``); one
+    # past it is rebuilt from the log when next needed.
+    sequence_cache_bytes: int = 1 << 30
 
 
 def chat_format(model_dir: Path | None) -> ChatFormat:
@@ -128,6 +131,7 @@ class ProxyService:
             self.spool,
             context_limit=config.context_limit,
             max_tokens=config.max_tokens,
+            sequence_bytes=config.sequence_cache_bytes,
             sync=sync,
             observer=self.metrics,
         )
@@ -151,8 +155,14 @@ class ProxyService:
         self.server = proxy_server(served, host=config.host, port=config.port, sock=sock)
 
     def _counters(self) -> dict[str, int]:
-        """What /health reports beside its status: the record spool's counters."""
+        """What /health reports beside its status: the record spool's counters and the
+        sequence cache's size."""
         counters = {f"spool_{name}": value for name, value in self.spool.stats().items()}
+        sequences = self.pipeline.sequences
+        counters |= {
+            "sequence_cache_bytes": sequences.nbytes,
+            "sequence_cache_evicted": sequences.evicted_for_bytes,
+        }
         if self.limit is not None:
             counters |= {"calls_in_flight": self.limit.in_flight, "calls_refused": self.limit.refused}
         return counters

@@ -279,8 +279,12 @@ def test_a_restarted_proxy_continues_an_execution_from_the_log(engines: list[Ref
     np.testing.assert_array_equal(view.input_of(records[1].request_id)[0][: len(first_full)], first_full)
 
 
-def test_evicted_executions_come_back_from_the_log(proxy: ProxyService) -> None:
-    proxy.pipeline.max_executions = 1
+@pytest.mark.parametrize("bound", ["executions", "sequence_bytes"])
+def test_evicted_executions_come_back_from_the_log(proxy: ProxyService, bound: str) -> None:
+    if bound == "executions":
+        proxy.pipeline.max_executions = 1
+    else:  # every execution's context kept, but only the newest full sequence
+        proxy.pipeline.sequences.max_bytes = 1
     keys = {
         ex: issue_key(proxy.log, execution_id=ex, run_id="run1", harness="claude-code")
         for ex in ("ev-a", "ev-b")
@@ -297,8 +301,12 @@ def test_evicted_executions_come_back_from_the_log(proxy: ProxyService) -> None:
         assert proxy.spool.flush(30)
 
     turn("ev-a")
-    turn("ev-b")  # ev-a's caches are dropped: only one execution is kept
-    assert "ev-a" not in proxy.pipeline._seqs
+    turn("ev-b")  # ev-a's caches are dropped: only one execution (or one sequence) is kept
+    assert proxy.pipeline.sequences.executions() == 1
+    assert proxy.pipeline.sequences.evicted_for_bytes == (bound == "sequence_bytes")
+    health = httpx.get(f"{proxy.base_url}/health", timeout=10).json()
+    assert health["sequence_cache_evicted"] == (bound == "sequence_bytes")
+    assert health["sequence_cache_bytes"] == proxy.pipeline.sequences.nbytes > 0
     turn("ev-a")  # reloaded from the log, and still extends its stored context
     view = tree(proxy, "ev-a")
     first, second = sorted(view.records.values(), key=lambda r: r.seq)
