@@ -1,7 +1,7 @@
 """Soak: gyre's data path at the paper's load, then past it, on this machine.
 
     .venv/bin/python benchmarks/soak.py [--executions 1152] [--duration 600] [--workers 2]
-        [--steps 2,5,10] [--step-duration 60] [--max-in-flight 256] [--quick] [--json OUT] [--pg URL]
+        [--steps 2,5,10] [--step-duration 60] [--max-in-flight 256] [--sequence-cache-mb 1024] [--quick] [--json OUT] [--pg URL]
 
 Processes, all on this machine: a scripted engine speaking SGLang's API (``--serve-engine``:
 each answer streams prose then one ``<tool_call>`` at ``--decode-rate`` tokens/s per stream,
@@ -459,6 +459,7 @@ class Phase:
     appended: int
     largest_backlog: int
     proxy_rss_mib: float  # the largest resident set of one proxy worker, sampled each second
+    sequence_cache_mib: float  # the largest sequence cache /health reported (of the worker answering)
 
     @property
     def answered(self) -> int:
@@ -503,7 +504,8 @@ def processes(
     proxy = subprocess.Popen(
         [sys.executable, "-m", "gyre_tools.cli", "proxy", "serve", "--engine", f"e0=http://127.0.0.1:{eport}",
          "--port", str(pport), "--harness", "generic", "--workers", str(args.workers),
-         "--max-in-flight", str(args.max_in_flight), "--retry-after", str(args.retry_after)],
+         "--max-in-flight", str(args.max_in_flight), "--retry-after", str(args.retry_after),
+         "--sequence-cache-mb", str(args.sequence_cache_mb)],
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{pport}"
@@ -575,11 +577,12 @@ def run_phase(
     (work / f"{name}.go.tmp").write_text(repr(time.time() + seconds))
     (work / f"{name}.go.tmp").rename(go)
     harness_cpu: dict[int, float] = {}
-    backlog, rss = 0, 0.0
+    backlog, rss, cache = 0, 0.0, 0.0
     while any(p.poll() is None for p in procs):
         h = health(base)
         backlog = max(backlog, int(h.get("spool_pending", 0)))
         rss = max([rss, rss_mib(proxy), *(rss_mib(w) for w in children(proxy))])
+        cache = max(cache, int(h.get("sequence_cache_bytes", 0)) / 2**20)
         for pid in harness_pids:
             harness_cpu[pid] = max(harness_cpu.get(pid, 0.0), cpu_seconds(pid))
         time.sleep(1.0)
@@ -602,7 +605,7 @@ def run_phase(
         f"tokens/s, overhead p50 {xs[len(xs) // 2]:.1f} ms p99 {xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.1f} ms, "
         f"refused {merged.refused}, errors {len(merged.errors)}, CPU s/s "
         + ", ".join(f"{k} {v / elapsed:.2f}" for k, v in parts.items())
-        + f", idle {idle:.0%}"
+        + f", idle {idle:.0%}; proxy worker RSS max {rss:,.0f} MiB, sequence cache max {cache:,.0f} MiB"
     )
     return Phase(
         name,
@@ -615,6 +618,7 @@ def run_phase(
         after_records - before_records,
         backlog,
         rss,
+        cache,
     )
 
 
@@ -646,6 +650,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-in-flight", type=int, default=256, help="per proxy worker")
     parser.add_argument("--retry-after", type=float, default=1.0)
+    parser.add_argument("--sequence-cache-mb", type=int, default=1024, help="per proxy worker")
     parser.add_argument("--decode-rate", type=float, default=50.0, help="tokens/s per stream")
     parser.add_argument("--stream-interval", type=int, default=4, help="tokens per streamed chunk")
     parser.add_argument("--answer-tokens", default="40-260")
@@ -744,6 +749,7 @@ def report(
             "cpu_s_per_s": {k: v / p.seconds for k, v in cpu.items()}, "idle_share": p.idle_share,
             "compactions": p.harness.compactions, "largest_history_tokens": p.harness.largest_history,
             "seconds": p.seconds, "proxy_worker_rss_mib_max": p.proxy_rss_mib,
+            "sequence_cache_mib_max": p.sequence_cache_mib,
         }  # fmt: skip
         figures.append(row)
         table.add_row(
