@@ -460,6 +460,7 @@ class Phase:
     largest_backlog: int
     proxy_rss_mib: float  # the largest resident set of one proxy worker, sampled each second
     sequence_cache_mib: float  # the largest sequence cache /health reported (of the worker answering)
+    chain_cache_mchars: float  # the largest chain cache /health reported, in 2**20 characters
 
     @property
     def answered(self) -> int:
@@ -577,12 +578,13 @@ def run_phase(
     (work / f"{name}.go.tmp").write_text(repr(time.time() + seconds))
     (work / f"{name}.go.tmp").rename(go)
     harness_cpu: dict[int, float] = {}
-    backlog, rss, cache = 0, 0.0, 0.0
+    backlog, rss, cache, chains = 0, 0.0, 0.0, 0.0
     while any(p.poll() is None for p in procs):
         h = health(base)
         backlog = max(backlog, int(h.get("spool_pending", 0)))
         rss = max([rss, rss_mib(proxy), *(rss_mib(w) for w in children(proxy))])
         cache = max(cache, int(h.get("sequence_cache_bytes", 0)) / 2**20)
+        chains = max(chains, int(h.get("chain_cache_chars", 0)) / 2**20)
         for pid in harness_pids:
             harness_cpu[pid] = max(harness_cpu.get(pid, 0.0), cpu_seconds(pid))
         time.sleep(1.0)
@@ -605,7 +607,8 @@ def run_phase(
         f"tokens/s, overhead p50 {xs[len(xs) // 2]:.1f} ms p99 {xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.1f} ms, "
         f"refused {merged.refused}, errors {len(merged.errors)}, CPU s/s "
         + ", ".join(f"{k} {v / elapsed:.2f}" for k, v in parts.items())
-        + f", idle {idle:.0%}; proxy worker RSS max {rss:,.0f} MiB, sequence cache max {cache:,.0f} MiB"
+        + f", idle {idle:.0%}; proxy worker RSS max {rss:,.0f} MiB, sequence cache max {cache:,.0f} MiB, "
+        f"chain cache max {chains:,.0f} Mi characters"
     )
     return Phase(
         name,
@@ -619,6 +622,7 @@ def run_phase(
         backlog,
         rss,
         cache,
+        chains,
     )
 
 
@@ -749,7 +753,7 @@ def report(
             "cpu_s_per_s": {k: v / p.seconds for k, v in cpu.items()}, "idle_share": p.idle_share,
             "compactions": p.harness.compactions, "largest_history_tokens": p.harness.largest_history,
             "seconds": p.seconds, "proxy_worker_rss_mib_max": p.proxy_rss_mib,
-            "sequence_cache_mib_max": p.sequence_cache_mib,
+            "sequence_cache_mib_max": p.sequence_cache_mib, "chain_cache_mchars_max": p.chain_cache_mchars,
         }  # fmt: skip
         figures.append(row)
         table.add_row(

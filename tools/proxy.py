@@ -170,6 +170,16 @@ def register(subparsers: Any) -> None:
         help="memory each worker keeps for the full token sequences of recent records, so a "
         "turn slices its prefix from memory; one past it is rebuilt from the log (default 1024)",
     )
+    add_env_argument(
+        serve,
+        "--chain-cache-mb",
+        "GYRE_PROXY_CHAIN_CACHE_MB",
+        default="1024",
+        type=int,
+        help="text of recent requests' messages each worker keeps, in MiB counted as characters, "
+        "so a request hashes only the messages it adds; past it an execution's next request is "
+        "hashed whole (default 1024)",
+    )
     # Set by `--workers N` on the processes it starts.
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--worker-table", help=argparse.SUPPRESS)
@@ -225,9 +235,10 @@ def run_serve(args: argparse.Namespace) -> int:
         return supervise(args)
     if args.workers < 1:
         raise SystemExit("gyre proxy serve: --workers must be at least 1")
-    if args.max_in_flight < 0 or args.retry_after < 0 or args.sequence_cache_mb < 0:
+    if min(args.max_in_flight, args.retry_after, args.sequence_cache_mb, args.chain_cache_mb) < 0:
         raise SystemExit(
-            "gyre proxy serve: --max-in-flight, --retry-after and --sequence-cache-mb must not be negative"
+            "gyre proxy serve: --max-in-flight, --retry-after, --sequence-cache-mb and --chain-cache-mb "
+            "must not be negative"
         )
     if args.run and needs_advertise_host(args.host, args.advertise_host):
         raise SystemExit(
@@ -254,6 +265,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_in_flight=args.max_in_flight,
         retry_after_s=args.retry_after,
         sequence_cache_bytes=args.sequence_cache_mb << 20,
+        chain_cache_chars=args.chain_cache_mb << 20,
         # Set by `--workers N` for its workers: /metrics then sums every worker's values.
         metrics_dir=Path(os.environ[METRICS_DIR_ENV])
         if args.worker_index is not None and os.environ.get(METRICS_DIR_ENV)

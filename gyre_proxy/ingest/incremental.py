@@ -17,14 +17,11 @@ import numpy.typing as npt
 from gyre_proxy.chat import (
     ChatRequest,
     Message,
-    TextBlock,
-    ThinkingBlock,
-    ToolUseBlock,
     chain_hashes,
     system_message,
     system_sha,
 )
-from gyre_proxy.ingest.chains import ChainCache
+from gyre_proxy.ingest.chains import ChainCache, text_size
 from gyre_proxy.ingest.chat_template import ChatFormat, Rendered
 from gyre_store.catalog import HASH_WORDS
 from gyre_store.trees import ExecutionContext, PrefixPoint
@@ -86,21 +83,7 @@ class Match:
     def pending_chars(self) -> int:
         if self.exact is not None:
             return 0
-        return sum(_text_size(m) for m in self.messages[self.matched :])
-
-
-def _text_size(message: Message) -> int:
-    n = 0
-    for b in message.blocks:
-        if isinstance(b, TextBlock):
-            n += len(b.text)
-        elif isinstance(b, ThinkingBlock):
-            n += len(b.thinking)
-        elif isinstance(b, ToolUseBlock):
-            n += len(b.name) + len(b.input_json)
-        else:
-            n += len(b.content)
-    return n
+        return sum(text_size(m) for m in self.messages[self.matched :])
 
 
 def match_request(ctx: ExecutionContext, request: ChatRequest, chains: ChainCache | None = None) -> Match:

@@ -25,7 +25,15 @@ from gyre_proxy.answer import AnswerPipeline, Binding, ExecutionSync, Router
 from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.harness import plugin_for
-from gyre_proxy.ingest import ChatFormat, CritiqueBook, Ingestor, Qwen3Template, RecordSpool, load_chat_format
+from gyre_proxy.ingest import (
+    ChainCache,
+    ChatFormat,
+    CritiqueBook,
+    Ingestor,
+    Qwen3Template,
+    RecordSpool,
+    load_chat_format,
+)
 from gyre_proxy.service.capacity import InFlightLimit
 from gyre_proxy.service.evaluations import LogEvaluations
 from gyre_proxy.service.keys import StoreKeys
@@ -76,6 +84,9 @@ class ProxyConfig:
     # Memory for the full token sequences of recent records (``answer/sequences.py``); one
     # past it is rebuilt from the log when next needed.
     sequence_cache_bytes: int = 1 << 30
+    # Characters of message text kept so a request hashes only the messages it adds
+    # (``ingest/chains.py``); past it an execution's next request is hashed whole.
+    chain_cache_chars: int = 1 << 30
 
 
 def chat_format(model_dir: Path | None) -> ChatFormat:
@@ -123,6 +134,7 @@ class ProxyService:
         self.ingestor = Ingestor(
             recorder, chat_format(config.model_dir), plugin_for(config.harness), self.critiques
         )
+        self.ingestor.chains = ChainCache(max_chars=config.chain_cache_chars)
         self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
         self.metrics = ProxyMetrics(multiprocess_dir=config.metrics_dir)
         self.pipeline = AnswerPipeline(
@@ -156,13 +168,16 @@ class ProxyService:
 
     def _counters(self) -> dict[str, int]:
         """What /health reports beside its status: the record spool's counters and the
-        sequence cache's size."""
+        sizes of the sequence and chain caches."""
         counters = {f"spool_{name}": value for name, value in self.spool.stats().items()}
         sequences = self.pipeline.sequences
         counters |= {
             "sequence_cache_bytes": sequences.nbytes,
             "sequence_cache_evicted": sequences.evicted_for_bytes,
         }
+        if self.ingestor.chains is not None:
+            chains = self.ingestor.chains
+            counters |= {"chain_cache_chars": chains.chars, "chain_cache_evicted": chains.evicted_for_chars}
         if self.limit is not None:
             counters |= {"calls_in_flight": self.limit.in_flight, "calls_refused": self.limit.refused}
         return counters

@@ -23,6 +23,7 @@ from gyre_proxy.chat import (
 )
 from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_proxy.ingest import ChainCache, Ingestor, Qwen3Template, TraceConfig, TraceGenerator
+from gyre_proxy.ingest.chains import text_size
 from gyre_store import InMemoryEventLog
 from gyre_store.catalog import TitoArrays
 from gyre_store.trees import TrajectoryRecorder
@@ -87,6 +88,9 @@ def test_chains_grown_message_by_message_hash_as_the_whole_chain(
         assert list(hashes) == chain_hashes(sent)
         assert sha == system_sha(sent[0])
         sent_messages += len(sent)
+        kept_chains = [c for cs in cache._by_execution.values() for c in cs]
+        assert all(c.chars == sum(text_size(m) for m in c.messages) for c in kept_chains)
+        assert cache.chars == sum(c.chars for c in kept_chains)
     assert cache.hashed + cache.reused == sent_messages
     assert cache.reused >= len(steps) - 1  # each request after the first shared its system message
 
@@ -118,6 +122,27 @@ def test_the_cache_keeps_a_bounded_number_of_executions_and_chains() -> None:
         cache.hashes("a", [])
     with pytest.raises(ValueError, match="at least one"):
         ChainCache(chains=0)
+
+
+def test_the_cache_keeps_its_chains_text_under_max_chars_the_least_recently_used_going_first() -> None:
+    chain = [system_message("sys", ()), Message(Role.USER, (TextBlock("x" * 1000),))]
+    size = sum(text_size(m) for m in chain)
+    cache = ChainCache(max_chars=2 * size + 10)  # two executions' chains fit, not three
+    for ex in ("a", "b"):
+        cache.hashes(ex, copy(chain))
+    cache.hashes("a", copy(chain))  # "a" is now the more recently used
+    cache.hashes("c", copy(chain))
+    assert cache.chars == 2 * size and cache.evicted_for_chars == 1
+    hashed = cache.hashed
+    cache.hashes("a", copy(chain))  # kept: nothing hashed
+    assert cache.hashed == hashed
+    cache.hashes("b", copy(chain))  # evicted: hashed whole, and the same hashes
+    assert cache.hashed == hashed + len(chain)
+    big = [*chain, Message(Role.USER, (TextBlock("y" * 10_000),))]
+    assert list(cache.hashes("d", copy(big))[0]) == chain_hashes(big)  # larger than the bound: kept alone
+    assert cache.chars == sum(text_size(m) for m in big) and list(cache._by_execution) == ["d"]
+    with pytest.raises(ValueError, match="max_chars"):
+        ChainCache(max_chars=-1)
 
 
 def trace(template: Qwen3Template, cached: bool) -> tuple[list[bytes], list[TitoArrays], Ingestor]:
