@@ -6,13 +6,16 @@ layer and the rest of the model are `fully_shard` units over the cell's group, s
 N identical replicas of one micro-step) and of the optimizer's moments, and all-gathers one
 layer at a time to compute. The flat vectors a cell moves (`flat_parameters`, `flat_gradients`)
 are this rank's shards, so position p of every cell meets the same shard in the cross-cell
-reduction and broadcast. The optimizer state a core keeps is gathered whole, in the unsharded
-layout. Not done here: the model is built whole once per rank before it is sharded (a seeded
-model or a checkpoint folder).
+reduction and broadcast. The embeddings and an untied output head are units of their own (each
+gathered only around its use), the root unit keeps the rest; the heap is trimmed between passes
+(glibc). The optimizer state a core keeps is gathered whole, in the unsharded layout. Not done
+here: the model is built whole once per rank before it is sharded (a seeded model or a
+checkpoint folder).
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -33,20 +36,35 @@ from gyre_train.backends.pytorch import (
 )
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.objective import packed_token_logprobs
+from gyre_train.objective.logprobs import target_logprobs
 from gyre_train.trajectories import MicroStep
 
 
-class _Logprobs(torch.nn.Module):
-    """The root FSDP unit: its forward is the packed logprobs, so the embeddings, final norm and
-    head (reached directly by the targets-only head, not through the model's own forward) are
-    all-gathered around it like every decoder layer is around its own."""
+class _TargetHead(torch.nn.Linear):
+    """The output head as an FSDP unit of its own: called with targets it computes the
+    targets-only head's logprobs, so FSDP gathers its weight around them (forward, and again in
+    backward) and reduce-scatters its gradient right after its backward. Without targets, the
+    plain linear layer."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        return target_logprobs(hidden, self.weight, targets)
+
+
+class _Logprobs(torch.nn.Module):
+    """The root FSDP unit: its forward is the packed logprobs. The embeddings, the output head and
+    each decoder layer are units of their own, each gathered only around its own use; the root
+    keeps what is left (the final norm)."""
+
+    def __init__(self, model: torch.nn.Module, head: torch.nn.Module | None) -> None:
         super().__init__()
         self.inner = model
+        # a function, not a second child: the head is reached through `inner`
+        self._head_call = None if head is None else lambda hidden, targets: head(hidden, targets)
 
     def forward(self, step: MicroStep) -> torch.Tensor:
-        return packed_token_logprobs(self.inner, step).float()  # [T]
+        return packed_token_logprobs(self.inner, step, head=self._head_call).float()  # [T]
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -54,6 +72,23 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         raise InvalidConfigError(f"{type(model).__name__} has no decoder layers (model.layers) to shard")
     return list(layers)
+
+
+def _trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing):
+    the layers FSDP gathers and frees on every pass are, once glibc has raised its mmap
+    threshold, taken from the heap, which otherwise keeps what they freed."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM: Any = None
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -118,9 +153,23 @@ class FsdpBackend(TorchBackend):
             if dtype != torch.float32
             else MixedPrecisionPolicy()
         )
+        embeddings = model.get_input_embeddings()  # type: ignore[operator]
+        head = model.get_output_embeddings()  # type: ignore[operator]
+        tied = head is not None and head.weight is embeddings.weight
+        if type(head) is torch.nn.Linear and not tied:
+            head.__class__ = _TargetHead  # the same parameters and names; see _TargetHead
+        else:
+            head = None  # a tied or unusual head stays in the root unit, with the embeddings
+        # Units in the order of use: each is gathered for its forward, resharded after it, and
+        # gathered again for its backward, so the embeddings and the head (half of a small
+        # model) are never held whole beside each other and every layer's gradient.
+        if head is not None:
+            fully_shard(embeddings, mesh=self._mesh, mp_policy=policy)
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=self._mesh, mp_policy=policy)
-        self._root = _Logprobs(model)
+        if head is not None:
+            fully_shard(head, mesh=self._mesh, mp_policy=policy)
+        self._root = _Logprobs(model, head)
         fully_shard(self._root, mesh=self._mesh, mp_policy=policy)
         self.model = model
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -135,9 +184,11 @@ class FsdpBackend(TorchBackend):
 
     def logprobs(self, step: MicroStep, *, grad: bool) -> torch.Tensor:
         """[T] packed logprobs; collective over the cell (each layer is gathered to compute)."""
+        _trim_heap()  # what the previous pass freed (a backward ends outside this backend)
         with torch.set_grad_enabled(grad):
             logprobs: torch.Tensor = self._root(step)
-            return logprobs
+        _trim_heap()
+        return logprobs
 
     def flat_parameters(self) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in self._locals()])
@@ -159,11 +210,13 @@ class FsdpBackend(TorchBackend):
             ]
         )
 
-    def _sharded(self, flat: torch.Tensor) -> list[DTensor]:
-        """This rank's flat shard vector as one DTensor per parameter (no copy across ranks)."""
+    def _sharded(self, flat: torch.Tensor, *, copy: bool = True) -> list[DTensor]:
+        """This rank's flat shard vector as one DTensor per parameter (no copy across ranks);
+        views of `flat` unless `copy`."""
         out, offset = [], 0
         for p, local in zip(self._params, self._locals(), strict=True):
-            chunk = flat[offset : offset + local.numel()].view_as(local).clone()
+            chunk = flat[offset : offset + local.numel()].view_as(local)
+            chunk = chunk.clone() if copy else chunk
             offset += local.numel()
             tensor = cast(DTensor, p)
             out.append(
@@ -176,10 +229,13 @@ class FsdpBackend(TorchBackend):
     def apply_update(self, flat_gradients: torch.Tensor) -> float:
         """Clip by the global norm over every shard of the cell and step each shard; collective.
 
-        AdamW and SGD act element by element, so stepping each shard equals stepping the whole."""
+        AdamW and SGD act element by element, so stepping each shard equals stepping the whole.
+        The step reads `flat_gradients` in place (no copy beside it; the accumulated gradients
+        are dropped first), and a clip scales it in place: the caller's vector is consumed."""
         if self._optimizer is None:
             self._optimizer = self._make_optimizer()
-        for p, grad in zip(self._params, self._sharded(flat_gradients), strict=True):
+        self.zero_gradients()
+        for p, grad in zip(self._params, self._sharded(flat_gradients, copy=False), strict=True):
             p.grad = grad
         squares = flat_gradients.double().square().sum().reshape(1)  # this shard's share of |g|^2
         dist.all_reduce(squares, group=self.group)
@@ -190,6 +246,7 @@ class FsdpBackend(TorchBackend):
             coefficient = max_norm / (norm + 1e-6)
             for p in self._params:
                 cast(DTensor, p.grad).to_local().mul_(coefficient)
+        _trim_heap()
         self._optimizer.step()
         self.zero_gradients()
         return norm

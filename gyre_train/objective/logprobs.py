@@ -12,6 +12,7 @@ take the general path, which materializes the [T, V] logits.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,16 @@ class _TargetLogprob(torch.autograd.Function):
         return grad_hidden, grad_weight, None
 
 
+# The targets-only head: (hidden [U, H] before each target, targets [U]) -> [U] logprobs.
+TargetHead = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def target_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[U] log softmax(hidden W^T)[targets] in float32, the vocabulary in chunks."""
+    picked: torch.Tensor = _TargetLogprob.apply(hidden.float(), weight.float(), targets)  # type: ignore[no-untyped-call]
+    return picked
+
+
 def _head_is_linear(model: torch.nn.Module) -> bool:
     """Whether logits are ``last hidden state @ output_embeddings.weight.T`` and nothing more."""
     head = getattr(model, "get_output_embeddings", lambda: None)()
@@ -85,7 +96,7 @@ def _head_is_linear(model: torch.nn.Module) -> bool:
 
 
 def packed_token_logprobs(
-    model: torch.nn.Module, step: PackedStep, *, targets_only: bool = True
+    model: torch.nn.Module, step: PackedStep, *, targets_only: bool = True, head: TargetHead | None = None
 ) -> torch.Tensor:
     """[T] log pi_theta(token_k | earlier tokens of its row); 0 at each row's first token, and,
     with ``targets_only`` on a linear-head model, 0 at every non-target token.
@@ -93,7 +104,8 @@ def packed_token_logprobs(
     Runs with gradients enabled (wrap in torch.no_grad() for pass 1). On a linear-head model
     with ``targets_only`` the body runs once per row; otherwise the model runs once over the
     packed step and must accept input_ids, position_ids and a 4-D attention_mask and return
-    `.logits`.
+    `.logits`. ``head`` computes the targets-only head (default: `target_logprobs` on the output
+    embeddings' weight; an FSDP backend passes its head unit, so the weight is gathered around it).
     """
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
@@ -103,7 +115,7 @@ def packed_token_logprobs(
     input_ids = torch.tensor(step.token_ids, dtype=torch.long, device=device)  # [T]
     position_ids = torch.tensor(step.position_ids, dtype=torch.long, device=device)  # [T]
     if targets_only and _head_is_linear(model):
-        return _target_logprobs(model, step, input_ids, position_ids)
+        return _target_logprobs(model, step, input_ids, position_ids, head)
     output = model(
         input_ids=input_ids[None],
         position_ids=position_ids[None],
@@ -118,7 +130,7 @@ def packed_token_logprobs(
 
 
 def _target_logprobs(
-    model: Any, step: PackedStep, input_ids: torch.Tensor, position_ids: torch.Tensor
+    model: Any, step: PackedStep, input_ids: torch.Tensor, position_ids: torch.Tensor, head: TargetHead | None
 ) -> torch.Tensor:
     device = input_ids.device
     # The body runs row by row (plain causal attention over each row) rather than once over the
@@ -141,6 +153,9 @@ def _target_logprobs(
     )  # [T, H]
     # A target at a row's first token has no prediction; the packer never makes one.
     where = torch.tensor(np.flatnonzero(step.target_mask & (step.position_ids > 0)), device=device)  # [U]
-    weight = model.get_output_embeddings().weight  # [V, H]
-    picked = _TargetLogprob.apply(hidden[where - 1].float(), weight.float(), input_ids[where])  # type: ignore[no-untyped-call]  # [U]
+    if head is None:
+        weight = model.get_output_embeddings().weight  # [V, H]
+        picked = target_logprobs(hidden[where - 1], weight, input_ids[where])  # [U]
+    else:
+        picked = head(hidden[where - 1], input_ids[where])  # [U]
     return torch.zeros(input_ids.shape[0], dtype=torch.float32, device=device).index_put((where,), picked)
