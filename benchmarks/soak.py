@@ -1,7 +1,8 @@
 """Soak: gyre's data path at the paper's load, then past it, on this machine.
 
     .venv/bin/python benchmarks/soak.py [--executions 1152] [--duration 600] [--workers 2]
-        [--steps 2,5,10] [--step-duration 60] [--max-in-flight 256] [--sequence-cache-mb 1024] [--quick] [--json OUT] [--pg URL]
+        [--steps 2,5,10] [--step-duration 60] [--max-in-flight 256] [--sequence-cache-mb 1024]
+        [--quick] [--json OUT] [--pg URL]
 
 Processes, all on this machine: a scripted engine speaking SGLang's API (``--serve-engine``:
 each answer streams prose then one ``<tool_call>`` at ``--decode-rate`` tokens/s per stream,
@@ -24,10 +25,11 @@ Per phase: calls/s answered, generated tokens/s, proxy CPU per call and per gene
 (/proc of the proxy's workers), the added latency p50/p99 (the proxy's own
 ``x-gyre-overhead-duration-ms`` on each answer), the store's append rate (records per s),
 the spool's largest backlog (``/health``, sampled each second), refusals by status, the
-largest resident set of a proxy worker (sampled each second), and the CPU each part of the system took (proxy, engine, harness, PostgreSQL) beside the machine's
-idle share. At the end, after the spool is drained: every execution's answered calls,
-counted by the harness, against its records in the store (not aborted): equal for every one
-of them, or the executions that differ.
+largest resident set of a proxy worker and the largest sequence and chain caches ``/health``
+reported (sampled each second), and the CPU each part of the system took (proxy, engine,
+harness, PostgreSQL) beside the machine's idle share. At the end, after the spool is
+drained: every execution's answered calls, counted by the harness, against its records in the
+store (not aborted): equal for every one of them, or the executions that differ.
 """
 
 from __future__ import annotations

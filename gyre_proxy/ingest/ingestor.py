@@ -46,6 +46,8 @@ class Ingestor:
         plugin: HarnessPlugin,
         critiques: CritiqueBook | None = None,
         payloads: PayloadCache | None = None,
+        *,
+        chain_chars: int = 1 << 30,
     ) -> None:
         self.recorder = recorder
         self.template = template
@@ -53,8 +55,9 @@ class Ingestor:
         self.critiques = critiques or CritiqueBook()
         self.payloads = PayloadCache() if payloads is None else payloads
         # Message-chain hashes of recent requests, so a request hashes only what it adds
-        # (None hashes every chain whole: the same result, at O(history) per request).
-        self.chains: ChainCache | None = ChainCache()
+        # (None hashes every chain whole: the same result, at O(history) per request), their
+        # text bounded by ``chain_chars``.
+        self.chains: ChainCache | None = ChainCache(max_chars=chain_chars)
 
     def _restored(self, execution_id: str, request: ChatRequest) -> ChatRequest:
         """Critiques marked, and the sampled payload of every generated tool call put back."""

@@ -26,7 +26,6 @@ from gyre_proxy.api import build_app, proxy_server
 from gyre_proxy.engines import EngineClient, EngineClientConfig, qwen_tokenizer
 from gyre_proxy.harness import plugin_for
 from gyre_proxy.ingest import (
-    ChainCache,
     ChatFormat,
     CritiqueBook,
     Ingestor,
@@ -132,9 +131,12 @@ class ProxyService:
         )
         self.critiques = CritiqueBook(log)
         self.ingestor = Ingestor(
-            recorder, chat_format(config.model_dir), plugin_for(config.harness), self.critiques
+            recorder,
+            chat_format(config.model_dir),
+            plugin_for(config.harness),
+            self.critiques,
+            chain_chars=config.chain_cache_chars,
         )
-        self.ingestor.chains = ChainCache(max_chars=config.chain_cache_chars)
         self.evaluations = LogEvaluations(log, self.critiques, sync=sync)
         self.metrics = ProxyMetrics(multiprocess_dir=config.metrics_dir)
         self.pipeline = AnswerPipeline(
