@@ -13,7 +13,6 @@ import collections
 import contextlib
 import enum
 import logging
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -22,6 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gyre_proxy.api.errors import as_api_error
+from gyre_proxy.deadline import DeadlineTimer
 from gyre_proxy.exceptions import ApiError
 
 T = TypeVar("T")
@@ -76,12 +76,9 @@ class EventPump(Generic[T]):
         self._waiter: asyncio.Future[None] | None = None  # ``next`` waits on it
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
-        # The quiet timer: one per stream, armed when a wait begins with none armed and moved
-        # on only when it fires before the current wait's deadline, instead of a timer made
-        # and cancelled for every item (a fair share of a streamed token's cost).
-        self._deadline = math.inf  # when the current wait times out (the loop's clock)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf  # when it fires
+        # The quiet timer: one per stream rather than one made and cancelled for every item
+        # (a fair share of a streamed token's cost); made with the reader.
+        self._quiet: DeadlineTimer | None = None
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
@@ -127,39 +124,29 @@ class EventPump(Generic[T]):
             return Pulse.END
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read())
+            self._quiet = DeadlineTimer(asyncio.get_running_loop(), self._wake)
         if not self._items:
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            if timeout_s is None:
-                self._deadline = math.inf
-            else:
-                self._deadline = loop.time() + timeout_s
-                if self._timer is None or self._timer_at > self._deadline:
-                    if self._timer is not None:  # armed for a longer wait than this one
-                        self._timer.cancel()
-                    self._timer, self._timer_at = loop.call_at(self._deadline, self._quiet), self._deadline
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            quiet = self._quiet if timeout_s is not None else None
+            if quiet is not None and timeout_s is not None:
+                quiet.waiting(timeout_s)
             try:
                 await waiter
             finally:
                 self._waiter = None
+                if quiet is not None:
+                    quiet.waited()
             if self._closed:
                 return Pulse.END  # closed (by the client going away) while this read waited
             if not self._items:
                 return Pulse.TICK
         return self._took()
 
-    def _quiet(self) -> None:
-        """The quiet timer fired: wake a wait whose deadline has passed, or wait on for it."""
-        self._timer = None
+    def _wake(self) -> None:
+        """Wake the wait in progress (its deadline passed, or the pump closed)."""
         waiter = self._waiter
-        if waiter is None or waiter.done() or self._deadline == math.inf:
-            return  # nothing waits with a timeout; the next wait arms the timer again
-        loop = waiter.get_loop()
-        # The loop's timers fire to the millisecond: within one of the deadline counts as past.
-        if loop.time() + 0.001 >= self._deadline:
+        if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        else:
-            self._timer, self._timer_at = loop.call_at(self._deadline, self._quiet), self._deadline
 
     async def aclose(self) -> None:
         """Stop the source: cancel a pending read, then close the generator. Idempotent.
@@ -180,11 +167,9 @@ class EventPump(Generic[T]):
 
     async def _close(self) -> None:
         reader, self._reader = self._reader, None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._quiet is not None:
+            self._quiet.stop()
+        self._wake()
         # Items read ahead and never taken are dropped: the response is over.
         with anyio.CancelScope(shield=True):
             if reader is not None and not reader.done():

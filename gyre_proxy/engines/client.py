@@ -19,7 +19,7 @@ import httpx
 import msgspec
 
 from gyre_proxy.engines import wire as engine_api
-from gyre_proxy.engines.stream import StreamAccumulator, iter_sse_data, result_from_response
+from gyre_proxy.engines.stream import SseData, StreamAccumulator, result_from_response
 from gyre_proxy.engines.transport import AiohttpEngineHttp, EngineHttp, HttpResponse, HttpxEngineHttp, drain
 from gyre_proxy.engines.types import (
     EngineInfo,
@@ -276,11 +276,22 @@ class EngineClient:
                 raise error_for(response.status, error_message(HttpResponse(response.status, content)))
             accumulator = StreamAccumulator(rid)
             chunks = response.chunks()
+            sse = SseData()
             try:
-                async for data in iter_sse_data(chunks):
-                    delta = accumulator.feed(data)
-                    if delta is not None:
-                        yield delta
+                # The body's lines are cut here, not by a generator of their own: one
+                # resumption fewer per streamed token. ``chunks`` is left just past [DONE].
+                async for chunk in chunks:
+                    for data in sse.feed(chunk):
+                        delta = accumulator.feed(data)
+                        if delta is not None:
+                            yield delta
+                    if sse.done:
+                        break
+                else:
+                    for data in sse.end():
+                        delta = accumulator.feed(data)
+                        if delta is not None:
+                            yield delta
             except EngineUnavailable as exc:
                 raise EngineUnavailable(f"stream of {rid} broke: {exc}") from exc
             if not accumulator.finished:

@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import aiohttp
 import httpx
 
+from gyre_proxy.deadline import DeadlineTimer
 from gyre_proxy.exceptions import EngineUnavailable
 
 
@@ -74,7 +76,7 @@ class _AiohttpStream:
     """A streamed body whose reads time out after ``idle_s`` without data, as aiohttp's
     ``sock_read`` does, but from one timer per stream: aiohttp moves its timer on every chunk
     (a timer cancelled and made per streamed token), this one is moved on only when it fires
-    while data is still coming (``_IdleTimer``)."""
+    while data is still coming (``DeadlineTimer``)."""
 
     def __init__(self, response: aiohttp.ClientResponse, what: str, idle_s: float | None) -> None:
         self.status = response.status
@@ -87,13 +89,16 @@ class _AiohttpStream:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         content = self._response.content
-        idle = None if self._idle_s is None else _IdleTimer(content, self._idle_s)
+        idle_s = self._idle_s
+        idle = None
+        if idle_s is not None:
+            idle = DeadlineTimer(asyncio.get_running_loop(), partial(_time_out, content))
         try:
             # Not ``readline``: aiohttp refuses lines over 128 KiB, and a cumulative SGLang
             # chunk late in a long answer is far longer.
             while True:
-                if idle is not None:
-                    idle.waiting()
+                if idle is not None and idle_s is not None:
+                    idle.waiting(idle_s)
                 chunk = await content.readany()
                 if idle is not None:
                     idle.waited()
@@ -107,43 +112,9 @@ class _AiohttpStream:
                 idle.stop()
 
 
-class _IdleTimer:
-    """Fails ``content``'s pending read once it has waited ``idle_s`` for data.
-
-    One timer per stream: armed when a read begins with none armed, moved on to the current
-    read's deadline when it fires early, left to lapse when it fires between reads.
-    """
-
-    def __init__(self, content: aiohttp.StreamReader, idle_s: float) -> None:
-        self._content = content
-        self._idle_s = idle_s
-        self._loop = asyncio.get_running_loop()
-        self._deadline: float | None = None  # of the read in progress
-        self._timer: asyncio.TimerHandle | None = None
-
-    def waiting(self) -> None:
-        self._deadline = self._loop.time() + self._idle_s
-        if self._timer is None:
-            self._timer = self._loop.call_at(self._deadline, self._fired)
-
-    def waited(self) -> None:
-        self._deadline = None
-
-    def stop(self) -> None:
-        self._deadline = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fired(self) -> None:
-        self._timer = None
-        if self._deadline is None:
-            return  # between reads; the next read arms it again
-        # The loop's timers fire to the millisecond: within one of the deadline counts as past.
-        if self._loop.time() + 0.001 >= self._deadline:
-            self._content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
-        else:
-            self._timer = self._loop.call_at(self._deadline, self._fired)
+def _time_out(content: aiohttp.StreamReader) -> None:
+    """Fail ``content``'s pending read as aiohttp's ``sock_read`` timeout does."""
+    content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
 
 
 class AiohttpEngineHttp:
@@ -161,7 +132,7 @@ class AiohttpEngineHttp:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=timeout_s)
-        # A stream's body is timed by ``_AiohttpStream`` (``_IdleTimer``); its head by ``stream``.
+        # A stream's body is timed by ``_AiohttpStream`` (``DeadlineTimer``); its head by ``stream``.
         self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=None)
         self._idle_s = timeout_s
         self._max_connections = max_connections

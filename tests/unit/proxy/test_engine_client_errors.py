@@ -151,3 +151,25 @@ async def test_server_error_outside_generate_is_server_error() -> None:
     async with client_for(answer(502, {"detail": "bad gateway"})) as client:
         with pytest.raises(EngineServerError):
             await client.flush_cache()
+
+
+async def test_a_stream_ending_without_done_or_a_last_newline_still_counts_its_last_chunk() -> None:
+    def chunk(ids: list[int], total: int, finish: dict[str, object] | None) -> str:
+        meta = {
+            "id": "r",
+            "completion_tokens": total,
+            "finish_reason": finish,
+            "output_token_logprobs": [[-1.0, i, None] for i in ids],
+        }
+        return "data: " + json.dumps({"output_ids": ids, "meta_info": meta})
+
+    # No [DONE], and the body's last line (the one with the finish) has no newline.
+    body = chunk([7], 1, None) + "\n\n" + chunk([8], 2, {"type": "stop"})
+
+    def stream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async with client_for(stream) as client:
+        deltas = [delta async for delta in client.generate_stream([1], SamplingConfig())]
+    assert [d.output_ids.tolist() for d in deltas] == [[7], [8]]
+    assert deltas[-1].finish is not None
