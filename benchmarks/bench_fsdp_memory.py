@@ -2,7 +2,9 @@
 
 Each side is spawned fresh, builds the same Qwen3 (about 80M parameters unless --hidden/--layers
 say otherwise), trains --steps batches of synthetic micro-steps with AdamW and reports its peak
-resident set (getrusage's ru_maxrss). An idle process that only imports torch and transformers
+resident set (the kernel's high-water mark of the process's own memory, VmHWM in
+/proc/self/status; getrusage's ru_maxrss, read before, also keeps the resident set of the
+parent at the fork that started the side, which set a floor under every side). An idle process that only imports torch and transformers
 is the baseline, measured in the same run: it is printed, and subtracted for the second ratio.
 Target: FSDP's largest rank at most 0.6x the unsharded process (weights, gradients and the two
 AdamW moments are split in two; the imports, the model built whole once before sharding and a
@@ -16,14 +18,19 @@ allocator, each with its own baseline and unsharded process:
            heap keeps what they freed.
 Beside each peak, the seconds the side took to train (the allocator's cost in time).
 
+--init says how every side gets its weights: "seed" (default) builds the seeded model whole in
+each process (an FSDP rank then shards it); "checkpoint" saves that model once as safetensors
+and every side loads it, an FSDP rank shard by shard (never the whole model), as `gyre run`
+loads `model.init`.
+
     .venv/bin/python benchmarks/bench_fsdp_memory.py [--hidden 512] [--layers 8] [--steps 2]
+        [--init seed|checkpoint]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import tempfile
 import time
 from dataclasses import dataclass
@@ -56,11 +63,23 @@ def _model(hidden: int, layers: int) -> dict[str, object]:
 
 
 def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """This process's peak resident set since it started its program (VmHWM, Linux: KiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
 def _side(
-    rank: int, world: int, kind: str, hidden: int, layers: int, steps: int, port: int, out: str
+    rank: int,
+    world: int,
+    kind: str,
+    hidden: int,
+    layers: int,
+    steps: int,
+    port: int,
+    out: str,
+    checkpoint: str | None,
 ) -> None:
     from gyre_train.backends import FsdpBackend, ModelSpec, OptimizerConfig, TorchBackend, TorchTraining
     from gyre_train.cells import (
@@ -76,7 +95,9 @@ def _side(
     if kind == "idle":
         Path(f"{out}.{rank}").write_text(f"{_peak_mib()} 0 0")
         return
-    spec = ModelSpec(_model(hidden, layers), seed=1)
+    spec = ModelSpec(
+        _model(hidden, layers), seed=1, model_dir=None if checkpoint is None else Path(checkpoint)
+    )
     optimizer = OptimizerConfig(kind="adamw", lr=1e-4)
     if kind == "fsdp":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -115,7 +136,12 @@ class Side:
 
 
 def _measure(
-    kind: str, world: int, args: argparse.Namespace, folder: Path, env: dict[str, str]
+    kind: str,
+    world: int,
+    args: argparse.Namespace,
+    folder: Path,
+    env: dict[str, str],
+    checkpoint: Path | None,
 ) -> list[Side]:
     """``kind`` on ``world`` spawned processes; ``env`` is added to their environment (glibc reads
     its tunables when a process starts)."""
@@ -124,7 +150,11 @@ def _measure(
     out = folder / kind
     with mock.patch.dict(os.environ, env):  # spawned children inherit it; restored after
         mp.start_processes(
-            _side, args=(world, kind, args.hidden, args.layers, args.steps, free_port(), str(out)),
+            _side,
+            args=(
+                world, kind, args.hidden, args.layers, args.steps, free_port(), str(out),
+                None if checkpoint is None else str(checkpoint),
+            ),
             nprocs=world, start_method="spawn",
         )  # fmt: skip
     figures = [Path(f"{out}.{r}").read_text().split() for r in range(world)]
@@ -139,12 +169,20 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    parser.add_argument("--init", choices=("seed", "checkpoint"), default="seed")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := sorted(set(modes) - set(MODES)):
         parser.error(f"unknown modes {unknown}; of {', '.join(MODES)}")
     verdicts = []
     with bar(console) as progress, tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if args.init == "checkpoint":
+            from gyre_train.backends import ModelSpec
+            from gyre_train.backends.pytorch import build_model
+
+            checkpoint = Path(tmp) / "checkpoint"
+            build_model(ModelSpec(_model(args.hidden, args.layers), seed=1)).save_pretrained(str(checkpoint))
         task = progress.add_task("modes x sides", total=3 * len(modes))
         for mode in modes:
             folder = Path(tmp) / mode
@@ -152,14 +190,16 @@ def main() -> None:
             sides = []
             for kind, world in (("idle", 1), ("none", 1), ("fsdp", 2)):
                 progress.update(task, description=f"{mode}: {kind}")
-                sides.append(_measure(kind, world, args, folder, MODES[mode]))
+                sides.append(_measure(kind, world, args, folder, MODES[mode], checkpoint))
                 progress.advance(task)
             ((idle,), (whole,), ranks) = sides
             peak = max(r.peak_mib for r in ranks)
             ratio = peak / whole.peak_mib
             verdict = "MET" if ratio <= TARGET else "MISSED"
             verdicts.append(f"{mode} {verdict}")
-            console.print(f"[bold]{mode}[/bold] allocator {MODES[mode] or '(as started)'}")
+            console.print(
+                f"[bold]{mode}[/bold] allocator {MODES[mode] or '(as started)'}; weights from the {args.init}"
+            )
             console.print(
                 f"  model: {whole.numel / 1e6:.1f}M parameters; shards per rank: {[r.numel for r in ranks]}"
             )

@@ -7,26 +7,39 @@ N identical replicas of one micro-step) and of the optimizer's moments, and all-
 layer at a time to compute. The flat vectors a cell moves (`flat_parameters`, `flat_gradients`)
 are this rank's shards, so position p of every cell meets the same shard in the cross-cell
 reduction and broadcast. The embeddings and an untied output head are units of their own (each
-gathered only around its use), the root unit keeps the rest; the heap is trimmed between passes
-(glibc). The optimizer state a core keeps is gathered whole, in the unsharded layout. Not done
-here: the model is built whole once per rank before it is sharded (a seeded model or a
-checkpoint folder).
+gathered only around its use), the root unit keeps the rest; buffers of 128 KiB or more are
+mapped on their own (`fix_mmap_threshold`) and the heap is trimmed between passes (glibc). The
+optimizer state a core keeps is gathered whole, in the unsharded layout.
+
+A checkpoint folder in safetensors (``ModelSpec.model_dir``) is loaded shard by shard: the model
+is built with its parameters on the meta device (no memory), sharded, given this rank's
+shards' memory, and each tensor is read from the folder one at a time and cut to this rank's
+shard, so no rank ever holds the whole model, only its largest tensor for a moment. A seeded
+model (``ModelSpec.config``, the tests' and the demo's) and a folder without safetensors are
+still built whole once per rank before they are sharded: a seeded model's weights are its
+random generator's stream over the whole model.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gyre_train.backends.pytorch import (
+    ModelSpec,
     TorchBackend,
     build_model,
     enable_activation_checkpointing,
@@ -90,6 +103,117 @@ def _trim_heap() -> None:
 
 _MALLOC_TRIM: Any = None
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+FIXED_MMAP_THRESHOLD = 128 * 1024
+
+
+def fix_mmap_threshold(environ: Mapping[str, str] | None = None) -> bool:
+    """Map every buffer of 128 KiB or more on its own and hand back heap tops over 128 KiB
+    (glibc's ``mallopt``; elsewhere nothing), unless the process was started with
+    ``MALLOC_MMAP_THRESHOLD_`` set (its own choice stands). By default glibc raises its mmap
+    threshold to the largest mapped buffer freed so far (up to 32 MiB), after which the layers
+    FSDP gathers and frees on every pass are carved from the heap, which keeps what they freed.
+    True when set."""
+    environ = os.environ if environ is None else environ
+    if "MALLOC_MMAP_THRESHOLD_" in environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, FIXED_MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, FIXED_MMAP_THRESHOLD)
+    )
+
+
+def checkpoint_tensor_files(model_dir: Path) -> dict[str, Path] | None:
+    """Each tensor's safetensors file in a ``save_pretrained`` folder (one file, or several
+    named by ``model.safetensors.index.json``); None when the folder holds no safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        return None
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory; an initializer
+    run on them does nothing) and their buffers as usual (a rotary table is computed, not read)."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _meta_model(spec: ModelSpec) -> torch.nn.Module:
+    """The checkpoint's model with every parameter on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not (Path(str(spec.model_dir)) / "config.json").is_file():
+        raise InvalidConfigError(f"{spec.model_dir} holds no model (no config.json from save_pretrained)")
+    config = AutoConfig.from_pretrained(str(spec.model_dir), local_files_only=True)
+    with _parameters_on_meta():
+        model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    return model
+
+
+@torch.no_grad()
+def _load_shards(
+    root: torch.nn.Module, model: torch.nn.Module, files: dict[str, Path], mesh: DeviceMesh
+) -> None:
+    """Give the sharded meta ``model`` (under the FSDP ``root``) this rank's memory and read its
+    shard of each parameter from ``files``, one whole tensor at a time; buffers keep what they
+    were built with unless the checkpoint holds them."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    root.to_empty(device="cpu")
+    parameters = dict(model.named_parameters())  # a tied weight once, under its first name
+    if missing := sorted(set(parameters) - set(files)):
+        raise InvalidConfigError(f"the checkpoint holds no {', '.join(missing[:5])} ({len(missing)} missing)")
+    by_file: dict[Path, list[str]] = {}
+    for name in [*parameters, *buffers]:
+        if name in files:
+            by_file.setdefault(files[name], []).append(name)
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                whole = f.get_tensor(name)
+                if name in buffers:
+                    buffers[name] = whole
+                    continue
+                param = cast(DTensor, parameters[name])
+                if tuple(whole.shape) != tuple(param.shape):
+                    raise InvalidConfigError(
+                        f"{name} is {tuple(whole.shape)} in the checkpoint, {tuple(param.shape)} in its config"
+                    )
+                shard = distribute_tensor(whole.to(torch.float32), mesh, param.placements, src_data_rank=None)
+                param.to_local().copy_(shard.to_local())
+                del whole, shard
+    for name, buffer in model.named_buffers():
+        buffer.copy_(buffers[name])
+
+
+def _sum_of_squares(flat: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
+    """The sum of `flat`'s squares in float64, a chunk at a time: a float64 copy of a whole
+    shard and its square would be four times the shard, the largest transient of an update."""
+    total = torch.zeros((), dtype=torch.float64)
+    for start in range(0, flat.numel(), chunk):
+        total += flat[start : start + chunk].double().square().sum()
+    return total
+
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
@@ -140,7 +264,12 @@ class FsdpBackend(TorchBackend):
                 f"the cell's group has {dist.get_world_size(self.group)} ranks, fsdp expects {self.training.ranks}"
             )
         torch.set_num_threads(self.spec.torch_threads)
-        model = build_model(self.spec)
+        fix_mmap_threshold()
+        files = None if self.spec.model_dir is None else checkpoint_tensor_files(Path(self.spec.model_dir))
+        if self.spec.model_dir is not None and files is not None:
+            model = _meta_model(self.spec)  # loaded shard by shard below
+        else:
+            model = build_model(self.spec)  # whole, then sharded
         model.train()
         if self.training.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -171,6 +300,8 @@ class FsdpBackend(TorchBackend):
             fully_shard(head, mesh=self._mesh, mp_policy=policy)
         self._root = _Logprobs(model, head)
         fully_shard(self._root, mesh=self._mesh, mp_policy=policy)
+        if files is not None:
+            _load_shards(self._root, model, files, self._mesh)
         self.model = model
         self._params = [p for p in model.parameters() if p.requires_grad]
 
@@ -237,7 +368,7 @@ class FsdpBackend(TorchBackend):
         self.zero_gradients()
         for p, grad in zip(self._params, self._sharded(flat_gradients, copy=False), strict=True):
             p.grad = grad
-        squares = flat_gradients.double().square().sum().reshape(1)  # this shard's share of |g|^2
+        squares = _sum_of_squares(flat_gradients).reshape(1)  # this shard's share of |g|^2
         dist.all_reduce(squares, group=self.group)
         norm = float(squares.sqrt())
         max_norm = self.optimizer_config.max_grad_norm

@@ -13,6 +13,7 @@ import dataclasses
 import tempfile
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from gyre_store import PostgresEventLog, iterate
 from gyre_store.catalog import ContributionAccepted, MicroStepClaimed, TrainingUpdate
 from gyre_train import InvalidConfigError
 from gyre_train.backends import FsdpBackend, ModelSpec, OptimizerConfig, TorchBackend, TorchTraining
+from gyre_train.backends.pytorch import build_model
 from gyre_train.cells import (
     TINY_QWEN3,
     BurstPlan,
@@ -85,9 +87,18 @@ def _train(backend: TorchBackend, batches: int) -> dict[str, list[object]]:
     return {"states": states, "losses": losses, "norms": norms, "gradients": gradients}
 
 
-def _fsdp_rank(rank: int, training: TorchTraining, port: int, output: str) -> None:
+def _fsdp_rank(rank: int, training: TorchTraining, port: int, output: str, spec: ModelSpec = SPEC) -> None:
     with gloo_world(rank, 2, port):
-        backend = FsdpBackend(SPEC, OPTIMIZER, training, group=torch.distributed.group.WORLD)
+        if spec.model_dir is None:
+            backend = FsdpBackend(spec, OPTIMIZER, training, group=torch.distributed.group.WORLD)
+        else:  # loaded shard by shard: the model is never built whole
+            with mock.patch(
+                "gyre_train.backends.fsdp.build_model", side_effect=AssertionError("built whole")
+            ):
+                backend = FsdpBackend(spec, OPTIMIZER, training, group=torch.distributed.group.WORLD)
+            held = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in backend._locals()}
+            whole = sum(p.numel() * 4 for p in backend.model.parameters())  # a DTensor's numel is global
+            assert sum(held.values()) <= whole // 2 + 4096, (sum(held.values()), whole)  # padding
         assert backend.numel < sum(t.numel() for t in backend.named_tensors().values())  # a shard
         result = _train(backend, BATCHES)
         if rank == 0:
@@ -98,8 +109,10 @@ def _fsdp_rank(rank: int, training: TorchTraining, port: int, output: str) -> No
         torch.distributed.barrier()
 
 
-def _fsdp(training: TorchTraining, output: Path) -> dict[str, list[object]]:
-    mp.start_processes(_fsdp_rank, args=(training, free_port(), str(output)), nprocs=2, start_method="spawn")
+def _fsdp(training: TorchTraining, output: Path, spec: ModelSpec = SPEC) -> dict[str, list[object]]:
+    mp.start_processes(
+        _fsdp_rank, args=(training, free_port(), str(output), spec), nprocs=2, start_method="spawn"
+    )
     saved: dict[str, list[object]] = torch.load(output)
     return saved
 
@@ -138,6 +151,51 @@ def test_an_fsdp_cell_of_two_ranks_equals_the_unsharded_update(
         for n in unsharded["states"][0]  # type: ignore[attr-defined]
     )
     assert moved > 1e-3  # the updates are not trivially zero
+
+
+def test_an_fsdp_cell_loads_a_checkpoint_shard_by_shard(
+    unsharded: dict[str, list[object]], tmp_path: Path
+) -> None:
+    """A safetensors checkpoint is read a tensor at a time into each rank's shard (the model
+    built on the meta device, never whole: `build_model` fails if called, and each rank's
+    parameter storage is half the model). The checkpoint is SPEC's seeded model, so the cell
+    trains bitwise like the unsharded process built from SPEC: its weights before the first
+    update and after each, its losses and its gradients (the rotary table, a buffer computed
+    rather than read, enters every logprob)."""
+    folder = tmp_path / "checkpoint"
+    build_model(SPEC).save_pretrained(str(folder))
+    got = _fsdp(FSDP, tmp_path / "loaded.pt", dataclasses.replace(SPEC, config={}, model_dir=folder))
+    _close(got["states"][0], unsharded["states"][0], 0.0, 0.0, "weights as loaded")
+    for b in range(BATCHES):
+        assert got["losses"][b] == pytest.approx(unsharded["losses"][b], rel=1e-6)
+        _close(got["gradients"][b], unsharded["gradients"][b], 1e-6, 1e-10, f"gradient {b}")
+        _close(got["states"][b + 1], unsharded["states"][b + 1], 1e-6, 1e-10, f"weights after {b + 1}")
+
+
+def test_a_checkpoint_missing_a_weight_is_refused_by_name(tmp_path: Path) -> None:
+    """A folder whose safetensors lack a parameter its config asks for: a one-line error naming
+    it, raised on every rank before anything trains."""
+    folder = tmp_path / "checkpoint"
+    model = build_model(SPEC)
+    state = {n: t for n, t in model.state_dict().items() if n != "lm_head.weight"}
+    model.save_pretrained(str(folder), state_dict=state)
+    spec = dataclasses.replace(SPEC, config={}, model_dir=folder)
+    mp.start_processes(_refused_rank, args=(spec, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    for r in range(2):
+        assert (
+            (tmp_path / f"refused.{r}")
+            .read_text()
+            .endswith(": the checkpoint holds no lm_head.weight (1 missing)")
+        )
+
+
+def _refused_rank(rank: int, spec: ModelSpec, port: int, folder: str) -> None:
+    with gloo_world(rank, 2, port):
+        try:
+            FsdpBackend(spec, OPTIMIZER, FSDP, group=torch.distributed.group.WORLD)
+        except InvalidConfigError as exc:
+            Path(folder, f"refused.{rank}").write_text(str(exc))
+        torch.distributed.barrier()
 
 
 def _fsdp_training(checkpointing: bool, dtype: str = "float32") -> TorchTraining:
