@@ -6,9 +6,13 @@ layer and the rest of the model are `fully_shard` units over the cell's group, s
 N identical replicas of one micro-step) and of the optimizer's moments, and all-gathers one
 layer at a time to compute. The flat vectors a cell moves (`flat_parameters`, `flat_gradients`)
 are this rank's shards, so position p of every cell meets the same shard in the cross-cell
-reduction and broadcast. The embeddings and an untied output head are units of their own (each
-gathered only around its use), the root unit keeps the rest; buffers of 128 KiB or more are
-mapped on their own (`fix_mmap_threshold`) and the heap is trimmed between passes (glibc). The
+reduction and broadcast. The embeddings and an untied linear output head are split by
+vocabulary rows instead (`_vocabulary_parallel`: each rank looks up and scores against its own
+rows and the cell sums the pieces), so their whole weights and gradients never exist on a rank;
+the root unit keeps the rest (the final norm). A micro-step of several rows is back-propagated
+row by row (`FsdpBackend.accumulate_gradients`), so each layer's gradient is reduce-scattered
+after every row instead of held whole until the last. Buffers of 128 KiB or more are mapped on
+their own (`fix_mmap_threshold`) and the heap is trimmed between passes (glibc). The
 optimizer state a core keeps is gathered whole, in the unsharded layout.
 
 A checkpoint folder in safetensors (``ModelSpec.model_dir``) is loaded shard by shard: the model
@@ -23,6 +27,9 @@ random generator's stream over the whole model.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import functools
+import itertools
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -31,17 +38,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from gyre_train.backends.pytorch import (
+    LossOfLogprobs,
     ModelSpec,
     TorchBackend,
     build_model,
+    checkpoint_folder,
     enable_activation_checkpointing,
     make_optimizer,
     read_whole,
@@ -49,26 +59,157 @@ from gyre_train.backends.pytorch import (
 )
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.objective import packed_token_logprobs
-from gyre_train.objective.logprobs import target_logprobs
+from gyre_train.objective.logprobs import VOCAB_CHUNK
 from gyre_train.trajectories import MicroStep
 
 
-class _TargetHead(torch.nn.Linear):
-    """The output head as an FSDP unit of its own: called with targets it computes the
-    targets-only head's logprobs, so FSDP gathers its weight around them (forward, and again in
-    backward) and reduce-scatters its gradient right after its backward. Without targets, the
-    plain linear layer."""
+def _rows_of(local: torch.Tensor, rows: int, group: Any) -> tuple[int, int]:
+    """The first and one past the last vocabulary row of this rank's Shard(0) piece of a
+    [rows, H] matrix (torch.chunk's split: ceil(rows / N) rows each, the last ones fewer)."""
+    start = min(dist.get_rank(group) * -(-rows // dist.get_world_size(group)), rows)
+    return start, start + local.shape[0]
+
+
+class _ShardedEmbedding(torch.autograd.Function):
+    """An embedding lookup from this rank's rows of the table: each rank looks up the ids in its
+    rows, zeros elsewhere, and the cell sums them (every id is in one rank's rows, so the sum is
+    the lookup, exactly). Every rank runs the same micro-step and so receives the same output
+    gradient: the backward is local, this rank's rows' gradient, with no communication."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, ids: torch.Tensor, local: torch.Tensor, start: int, padding: int | None, group: Any
+    ) -> torch.Tensor:
+        mine = (ids >= start) & (ids < start + local.shape[0])
+        rows = torch.where(mine, ids - start, 0)
+        out = torch.nn.functional.embedding(rows, local.float()) * mine.unsqueeze(-1)
+        dist.all_reduce(out, group=group)
+        keep = mine if padding is None else mine & (ids != padding)  # no gradient to padding
+        ctx.save_for_backward(rows, keep)
+        ctx.shape = local.shape
+        return out.to(local.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor, None, None, None]:
+        rows, keep = ctx.saved_tensors
+        local = grad.new_zeros(ctx.shape, dtype=torch.float32)
+        local.index_add_(0, rows[keep], grad[keep].float())
+        return None, local.to(grad.dtype), None, None, None
+
+
+class _ShardedTargetLogprob(torch.autograd.Function):
+    """log softmax(h W^T)[y] with W's rows split over the cell (`_TargetLogprob`, vocabulary
+    parallel): each rank takes the log partition over its own rows, the cell combines them and
+    the target's logit from the rank that holds it. In backward each rank's rows' gradient is
+    its own; the hidden states' gradient is summed over the cell."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, local: torch.Tensor, targets: torch.Tensor, start: int, group: Any
+    ) -> torch.Tensor:
+        lse = hidden.new_full((hidden.shape[0],), float("-inf"))  # [U] over this rank's rows
+        for first in range(0, local.shape[0], VOCAB_CHUNK):
+            lse = torch.logaddexp(lse, torch.logsumexp(hidden @ local[first : first + VOCAB_CHUNK].T, dim=-1))
+        every = [torch.empty_like(lse) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(every, lse, group=group)
+        lse = torch.logsumexp(torch.stack(every), dim=0)  # [U], the same on every rank
+        mine = (targets >= start) & (targets < start + local.shape[0])
+        rows = torch.where(mine, targets - start, 0)
+        picked = (hidden * local[rows]).sum(-1) * mine
+        dist.all_reduce(picked, group=group)
+        ctx.save_for_backward(hidden, local, rows, mine, lse)
+        ctx.group = group
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None, None, None]:
+        hidden, local, rows, mine, lse = ctx.saved_tensors
+        g = grad[:, None]  # [U, 1]
+        owned = g * mine[:, None]
+        grad_hidden = owned * local[rows]
+        grad_local = None
+        if ctx.needs_input_grad[1]:
+            grad_local = torch.zeros_like(local)
+            grad_local.index_add_(0, rows[mine], (owned * hidden)[mine])
+        for first in range(0, local.shape[0], VOCAB_CHUNK):
+            chunk = local[first : first + VOCAB_CHUNK]  # [C, H]
+            scaled = g * torch.exp(hidden @ chunk.T - lse[:, None])  # [U, C]
+            grad_hidden = grad_hidden - scaled @ chunk
+            if grad_local is not None:
+                grad_local[first : first + VOCAB_CHUNK] -= scaled.T @ hidden
+        dist.all_reduce(grad_hidden, group=ctx.group)
+        return grad_hidden, grad_local, None, None, None
+
+
+class _VocabParallel:
+    """What a vocabulary-parallel module knows of its cell: the group, the compute dtype."""
+
+    group: Any
+    compute: torch.dtype
+
+    def _local(self) -> tuple[torch.Tensor, int]:
+        weight = cast(DTensor, cast(Any, self).weight)
+        local = weight.to_local()  # differentiable: the gradient arrives as this rank's shard
+        return local.to(self.compute), _rows_of(local, weight.shape[0], self.group)[0]
+
+
+class _ShardedEmbeddingModule(torch.nn.Embedding, _VocabParallel):
+    """The input embeddings, vocabulary parallel: their weight is a Shard(0) DTensor outside
+    every FSDP unit, never gathered (`_ShardedEmbedding`)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local, start = self._local()
+        out: torch.Tensor = _ShardedEmbedding.apply(ids, local, start, self.padding_idx, self.group)  # type: ignore[no-untyped-call]
+        return out
+
+
+class _ShardedHead(torch.nn.Linear, _VocabParallel):
+    """The output head, vocabulary parallel: called with targets it computes the targets-only
+    head's logprobs from this rank's rows of its weight (`_ShardedTargetLogprob`), never gathered,
+    its gradient never whole. Without targets, the plain linear layer on the gathered weight."""
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is None:
-            return super().forward(hidden)
-        return target_logprobs(hidden, self.weight, targets)
+            return torch.nn.functional.linear(hidden, _full(self.weight).to(hidden.dtype))
+        local, start = self._local()
+        picked: torch.Tensor = _ShardedTargetLogprob.apply(
+            hidden.float(), local.float(), targets, start, self.group
+        )  # type: ignore[no-untyped-call]
+        return picked
+
+
+def _vocabulary_parallel_fits(embeddings: torch.nn.Module, head: torch.nn.Module | None) -> bool:
+    """Whether the embeddings and the head can be split by vocabulary rows: a plain lookup table
+    and an untied linear head without bias (Qwen, Llama and the like)."""
+    return (
+        type(embeddings) is torch.nn.Embedding
+        and embeddings.max_norm is None
+        and not embeddings.scale_grad_by_freq
+        and not embeddings.sparse
+        and type(head) is torch.nn.Linear
+        and head.bias is None
+        and head.weight is not embeddings.weight
+    )
+
+
+def _vocabulary_parallel(
+    module: torch.nn.Module, kind: type[_VocabParallel], mesh: DeviceMesh, group: Any, compute: torch.dtype
+) -> torch.nn.Parameter:
+    """Make ``module`` (an Embedding or a Linear head) ``kind``: its weight becomes this rank's
+    Shard(0) rows as a DTensor (no copy across ranks; on the meta device it stays there)."""
+    weight = cast(torch.nn.Parameter, module.weight)
+    sharded = distribute_tensor(weight.detach(), mesh, [Shard(0)], src_data_rank=None)
+    module.weight = torch.nn.Parameter(sharded, requires_grad=weight.requires_grad)
+    module.__class__ = cast(type, kind)
+    vp = cast(_VocabParallel, module)
+    vp.group, vp.compute = group, compute
+    return module.weight
 
 
 class _Logprobs(torch.nn.Module):
-    """The root FSDP unit: its forward is the packed logprobs. The embeddings, the output head and
-    each decoder layer are units of their own, each gathered only around its own use; the root
-    keeps what is left (the final norm)."""
+    """The root FSDP unit: its forward is the packed logprobs. Each decoder layer is a unit of
+    its own, gathered only around its use; the embeddings and the head are vocabulary parallel
+    (outside every unit) where they fit, else in the root with what is left (the final norm)."""
 
     def __init__(self, model: torch.nn.Module, head: torch.nn.Module | None) -> None:
         super().__init__()
@@ -87,21 +228,24 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+@functools.cache
+def _glibc() -> Any:
+    """glibc, loaded once; None where the C library is not glibc (its allocator calls are then
+    skipped)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
 def _trim_heap() -> None:
     """Hand the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing):
     the layers FSDP gathers and frees on every pass are, once glibc has raised its mmap
     threshold, taken from the heap, which otherwise keeps what they freed."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
+    if (libc := _glibc()) is not None:
+        libc.malloc_trim(0)
 
-
-_MALLOC_TRIM: Any = None
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -118,12 +262,10 @@ def fix_mmap_threshold(environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     if "MALLOC_MMAP_THRESHOLD_" in environ:
         return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    if (libc := _glibc()) is None:
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, FIXED_MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, FIXED_MMAP_THRESHOLD)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, FIXED_MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, FIXED_MMAP_THRESHOLD)
     )
 
 
@@ -163,9 +305,9 @@ def _meta_model(spec: ModelSpec) -> torch.nn.Module:
     """The checkpoint's model with every parameter on the meta device."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if not (Path(str(spec.model_dir)) / "config.json").is_file():
-        raise InvalidConfigError(f"{spec.model_dir} holds no model (no config.json from save_pretrained)")
-    config = AutoConfig.from_pretrained(str(spec.model_dir), local_files_only=True)
+    if spec.model_dir is None:
+        raise InvalidConfigError("a meta model is built from a checkpoint folder (ModelSpec.model_dir)")
+    config = AutoConfig.from_pretrained(str(checkpoint_folder(spec.model_dir)), local_files_only=True)
     with _parameters_on_meta():
         model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     return model
@@ -204,6 +346,22 @@ def _load_shards(
                 del whole, shard
     for name, buffer in model.named_buffers():
         buffer.copy_(buffers[name])
+
+
+def _row_of(step: MicroStep, r: int, start: int, end: int) -> MicroStep:
+    """Row ``r`` of ``step`` (its tokens ``start:end``) as a micro-step of its own."""
+    cut = slice(start, end)
+    return dataclasses.replace(
+        step,
+        rows=step.rows[r : r + 1],
+        token_ids=step.token_ids[cut],
+        position_ids=step.position_ids[cut],
+        row_starts=np.array([0, end - start], dtype=np.int32),
+        target_mask=step.target_mask[cut],
+        behaviour_logprobs=step.behaviour_logprobs[cut],
+        slots=step.slots[cut],
+        coefficients=step.coefficients[cut],
+    )
 
 
 def _sum_of_squares(flat: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
@@ -266,10 +424,8 @@ class FsdpBackend(TorchBackend):
         torch.set_num_threads(self.spec.torch_threads)
         fix_mmap_threshold()
         files = None if self.spec.model_dir is None else checkpoint_tensor_files(Path(self.spec.model_dir))
-        if self.spec.model_dir is not None and files is not None:
-            model = _meta_model(self.spec)  # loaded shard by shard below
-        else:
-            model = build_model(self.spec)  # whole, then sharded
+        # a checkpoint is loaded shard by shard below; a seeded model is built whole, then sharded
+        model = _meta_model(self.spec) if files is not None else build_model(self.spec)
         model.train()
         if self.training.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -284,22 +440,18 @@ class FsdpBackend(TorchBackend):
         )
         embeddings = model.get_input_embeddings()  # type: ignore[operator]
         head = model.get_output_embeddings()  # type: ignore[operator]
-        tied = head is not None and head.weight is embeddings.weight
-        if type(head) is torch.nn.Linear and not tied:
-            head.__class__ = _TargetHead  # the same parameters and names; see _TargetHead
+        ignored: set[torch.nn.Parameter] = set()
+        if _vocabulary_parallel_fits(embeddings, head):
+            # the embeddings and the head (half of a small model) are split by vocabulary rows and
+            # never gathered: their whole weights and gradients never exist on a rank
+            for module, kind in ((embeddings, _ShardedEmbeddingModule), (head, _ShardedHead)):
+                ignored.add(_vocabulary_parallel(module, kind, self._mesh, self.group, dtype))
         else:
             head = None  # a tied or unusual head stays in the root unit, with the embeddings
-        # Units in the order of use: each is gathered for its forward, resharded after it, and
-        # gathered again for its backward, so the embeddings and the head (half of a small
-        # model) are never held whole beside each other and every layer's gradient.
-        if head is not None:
-            fully_shard(embeddings, mesh=self._mesh, mp_policy=policy)
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=self._mesh, mp_policy=policy)
-        if head is not None:
-            fully_shard(head, mesh=self._mesh, mp_policy=policy)
         self._root = _Logprobs(model, head)
-        fully_shard(self._root, mesh=self._mesh, mp_policy=policy)
+        fully_shard(self._root, mesh=self._mesh, mp_policy=policy, ignored_params=ignored or None)
         if files is not None:
             _load_shards(self._root, model, files, self._mesh)
         self.model = model
@@ -320,6 +472,30 @@ class FsdpBackend(TorchBackend):
             logprobs: torch.Tensor = self._root(step)
         _trim_heap()
         return logprobs
+
+    def accumulate_gradients(self, step: MicroStep, loss_of: LossOfLogprobs) -> float:
+        """The micro-step's loss share, its gradient added to this rank's shard; collective.
+
+        The loss is taken on logprobs computed without a graph; then each row with targets runs
+        forward again and back-propagates its part of the loss's gradient with respect to those
+        logprobs (the chain rule through them), so every layer's gradient is reduce-scattered
+        once per row. In one backward over every row, each layer's whole gradient would wait for
+        its last row (the body runs once per row, `packed_token_logprobs`): every layer's whole
+        gradient, held by every rank at once. The price is one more forward pass."""
+        bounds = step.row_starts.tolist()
+        if len(bounds) <= 2:  # one row: one pass
+            return super().accumulate_gradients(step, loss_of)
+        leaf = self.logprobs(step, grad=False).requires_grad_(True)
+        loss = loss_of(leaf)
+        if not loss.requires_grad:  # a share without targets has no graph
+            return float(loss.detach())
+        (grad,) = torch.autograd.grad(loss, leaf)
+        targets = step.target_mask & (step.position_ids > 0)  # the same on every rank
+        for r, (start, end) in enumerate(itertools.pairwise(bounds)):
+            if targets[start:end].any():
+                row = self.logprobs(_row_of(step, r, start, end), grad=True)
+                torch.autograd.backward([row], [grad[start:end]])
+        return float(loss.detach())
 
     def flat_parameters(self) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in self._locals()])

@@ -222,15 +222,21 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
+def checkpoint_folder(model_dir: str | Path) -> Path:
+    """`model_dir` as a path, refused unless it holds a model (a ``save_pretrained`` config.json)."""
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file():
+        raise InvalidConfigError(f"{model_dir} holds no model (no config.json from save_pretrained)")
+    return folder
+
+
 def build_model(spec: ModelSpec) -> torch.nn.Module:
     """A float32 causal LM from `spec` on the CPU; never downloads."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if spec.model_dir is not None:
-        if not (Path(spec.model_dir) / "config.json").is_file():
-            raise InvalidConfigError(f"{spec.model_dir} holds no model (no config.json from save_pretrained)")
         loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-            str(spec.model_dir), local_files_only=True, dtype=torch.float32
+            str(checkpoint_folder(spec.model_dir)), local_files_only=True, dtype=torch.float32
         )
         return loaded
     values = dict(spec.config)
