@@ -509,13 +509,20 @@ class FsdpBackend(TorchBackend):
             local.copy_(flat[offset : offset + local.numel()].view_as(local))
             offset += local.numel()
 
+    @torch.no_grad()
     def flat_gradients(self) -> torch.Tensor:
-        return torch.cat(
-            [
-                (cast(DTensor, p.grad).to_local() if p.grad is not None else torch.zeros_like(t)).reshape(-1)
-                for p, t in zip(self._params, self._locals(), strict=True)
-            ]
-        )
+        """This rank's accumulated shard gradient as one vector, which the gradients then live in:
+        each parameter's gradient is moved into its place and replaced by a view of it, so the
+        vector and the gradients are never both held whole (a caller that changes the vector
+        changes the gradients; clone it to keep a copy). Zeros where a parameter has none."""
+        flat = torch.empty(self.numel)
+        for p, piece in zip(self._params, self._sharded(flat, copy=False), strict=True):
+            if p.grad is None:
+                piece.to_local().zero_()
+            else:
+                piece.to_local().copy_(cast(DTensor, p.grad).to_local())
+            p.grad = piece  # the old gradient is freed here
+        return flat
 
     def _sharded(self, flat: torch.Tensor, *, copy: bool = True) -> list[DTensor]:
         """This rank's flat shard vector as one DTensor per parameter (no copy across ranks);

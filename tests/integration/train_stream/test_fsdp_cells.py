@@ -416,21 +416,47 @@ def _rows_rank(rank: int, port: int, output: str) -> None:
             bool((step.target_mask[a:b] & (step.position_ids[a:b] > 0)).any())
             for a, b in zip(step.row_starts[:-1], step.row_starts[1:], strict=True)
         )
+        accumulated = torch.cat([p.grad.to_local().reshape(-1) for p in backend._params])  # type: ignore[union-attr]
+        flat = backend.flat_gradients()
+        start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+        inside = [start <= p.grad.to_local().data_ptr() < end for p in backend._params]  # type: ignore[union-attr]
         if rank == 0:
             torch.save({"calls": calls, "rows": len(step.row_starts) - 1, "targets": rows_with_targets,
-                        "loss": loss}, output)  # fmt: skip
+                        "loss": loss, "equal": torch.equal(flat, accumulated), "inside": inside,
+                        "nonzero": int((flat != 0).sum())}, output)  # fmt: skip
         torch.distributed.barrier()
 
 
-def test_an_fsdp_micro_step_back_propagates_row_by_row(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def one_micro_step(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Two FSDP ranks run the micro-step of batch 0 with the most rows, then take its flat
+    gradient; rank 0's record of what happened."""
+    out = tmp_path_factory.mktemp("rows") / "rows.pt"
+    mp.start_processes(_rows_rank, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
+    saved: dict[str, object] = torch.load(out)
+    return saved
+
+
+def test_an_fsdp_micro_step_back_propagates_row_by_row(one_micro_step: dict[str, object]) -> None:
     """The body runs once per row, so one backward over every row would hold each layer's whole
     gradient until its last row: the FSDP backend takes the loss on logprobs without a graph,
     then runs each row with targets forward and back on its own (each layer's gradient is
     reduce-scattered once per row). Its loss and gradients equal the unsharded process's (the
     equivalence tests above); here, that it does so: one pass without a graph over the whole
     step, then one pass with a graph per row with targets, each of one row."""
-    out = tmp_path / "rows.pt"
-    mp.start_processes(_rows_rank, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
-    saved = torch.load(out)
+    saved = one_micro_step
+    assert isinstance(saved["rows"], int) and isinstance(saved["targets"], int)
     assert saved["rows"] >= 2 and saved["targets"] >= 2, saved
     assert saved["calls"] == [(False, saved["rows"])] + [(True, 1)] * saved["targets"]
+
+
+def test_the_flat_gradient_of_an_fsdp_rank_is_where_its_gradients_live(
+    one_micro_step: dict[str, object],
+) -> None:
+    """`flat_gradients` moves each parameter's accumulated gradient into the vector it returns
+    and leaves a view of it in its place, so the shard gradient is never held twice: the vector
+    equals the gradients as accumulated, and every gradient afterwards lies inside it."""
+    assert one_micro_step["equal"] is True
+    inside = one_micro_step["inside"]
+    assert isinstance(inside, list) and len(inside) > 2 and all(inside), inside
+    assert isinstance(one_micro_step["nonzero"], int) and one_micro_step["nonzero"] > 1000
