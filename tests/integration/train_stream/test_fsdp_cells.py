@@ -42,7 +42,7 @@ from gyre_train.cells import (
     synthetic_batch,
 )
 from gyre_train.objective import LossConfig
-from tests.integration.train_stream.gloo import gloo_world
+from tests.integration.train_stream.gloo import gloo_world, leave_together
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -103,10 +103,7 @@ def _fsdp_rank(rank: int, training: TorchTraining, port: int, output: str, spec:
         result = _train(backend, BATCHES)
         if rank == 0:
             torch.save(result, output)
-        # Both ranks leave the world together: a rank that tears its group down while the other
-        # still works has been seen to abort in gloo's threads ("terminate called without an
-        # active exception").
-        torch.distributed.barrier()
+        leave_together()  # see its docstring
 
 
 def _fsdp(training: TorchTraining, output: Path, spec: ModelSpec = SPEC) -> dict[str, list[object]]:
@@ -198,7 +195,7 @@ def _refused_rank(rank: int, spec: ModelSpec, port: int, folder: str) -> None:
             FsdpBackend(spec, OPTIMIZER, FSDP, group=torch.distributed.group.WORLD)
         except InvalidConfigError as exc:
             Path(folder, f"refused.{rank}").write_text(str(exc))
-        torch.distributed.barrier()
+        leave_together()
 
 
 def _fsdp_training(checkpointing: bool, dtype: str = "float32") -> TorchTraining:
@@ -307,7 +304,7 @@ def _resume_rank(rank: int, port: int, folder: str) -> None:
         final = resumed.full_named_tensors()
         if rank == 0:
             torch.save(final, Path(folder) / "final.pt")
-        torch.distributed.barrier()  # both ranks leave the world together (see _fsdp_rank)
+        leave_together()
 
 
 def test_a_resumed_fsdp_core_goes_on_from_its_gathered_adamw_state(tmp_path: Path) -> None:
@@ -371,7 +368,7 @@ def _vocabulary_rank(rank: int, port: int, output: str) -> None:
             got[name] = param.grad.to_local()  # type: ignore[union-attr]
             expected[name] = expected[name][rows]
         torch.save({"got": got, "expected": expected}, f"{output}.{rank}")
-        torch.distributed.barrier()
+        leave_together()
 
 
 def _whole_head(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -424,7 +421,7 @@ def _rows_rank(rank: int, port: int, output: str) -> None:
             torch.save({"calls": calls, "rows": len(step.row_starts) - 1, "targets": rows_with_targets,
                         "loss": loss, "equal": torch.equal(flat, accumulated), "inside": inside,
                         "nonzero": int((flat != 0).sum())}, output)  # fmt: skip
-        torch.distributed.barrier()
+        leave_together()
 
 
 @pytest.fixture(scope="module")
