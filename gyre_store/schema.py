@@ -114,10 +114,13 @@ tree_nodes = sa.Table(
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("start", sa.BigInteger, nullable=False),
     sa.Column("n_tokens", sa.Integer, nullable=False),
-    sa.Column("tokens", pg.BYTEA, nullable=False),
-    sa.Column("provenance", pg.BYTEA, nullable=False),
-    sa.Column("logprobs", pg.BYTEA, nullable=True),
-    sa.Column("trainable", pg.BYTEA, nullable=True),
+    # A node's arrays are not copied here: they are slices of the payload of the record event
+    # at ``position``, starting ``*_at`` bytes in, ``n_tokens`` long (migration 0008).
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.Column("tokens_at", sa.Integer, nullable=False),
+    sa.Column("provenance_at", sa.Integer, nullable=False),
+    sa.Column("logprobs_at", sa.Integer, nullable=True),
+    sa.Column("trainable_at", sa.Integer, nullable=True),
     sa.Column("msg_ends", pg.BYTEA, nullable=False),
     sa.Column("path_trainable", sa.BigInteger, nullable=False),
     sa.Column("path_messages", sa.Integer, nullable=False),

@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from gyre_store.log import Payload
+from gyre_store.exceptions import ConfigError
+from gyre_store.log import EventLog, Payload
 from gyre_store.log.events import (
     REGISTRY,
     AppendResult,
@@ -145,6 +146,9 @@ class _MemoryRows(RowStore):
             for row in rows:
                 self._staged[table][self.key_of(table, row)] = dict(row)
 
+    def payloads(self, positions: Sequence[int]) -> dict[int, bytes]:
+        return self._store.payloads(positions)
+
     def truncate(self, tables: Sequence[str]) -> None:
         for t in tables:
             self._truncated.add(t)
@@ -174,8 +178,9 @@ class InMemoryProjectionStore:
     """A :class:`~gyre_store.projections.base.ProjectionStore` in dictionaries; a failed
     transaction leaves nothing behind, as a rolled-back database transaction would."""
 
-    def __init__(self, tables: Mapping[str, sa.Table]) -> None:
+    def __init__(self, tables: Mapping[str, sa.Table], log: EventLog | None = None) -> None:
         self.tables = dict(tables)
+        self.log = log  # where ``payloads`` reads; a store of trees needs one
         self.data: dict[str, dict[Key, Row]] = {t: {} for t in tables}
         self.checkpoints: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -207,3 +212,16 @@ class InMemoryProjectionStore:
             for k in sorted(data)
             if data[k].get(column) == value and data[k].get(among) in wanted
         ]
+
+    def payloads(self, positions: Sequence[int]) -> dict[int, bytes]:
+        if self.log is None:
+            raise ConfigError(
+                "this in-memory projection store was made without its event log "
+                "(InMemoryProjectionStore(tables, log=...)); tree nodes read their tokens from it"
+            )
+        out: dict[int, bytes] = {}
+        for position in positions:
+            found = self.log.read(position - 1, limit=1)
+            if found and found[0].position == position and found[0].payload is not None:
+                out[position] = found[0].payload.encode()
+        return out

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             pg_store.create_schema()
             store = pg_store
         else:
-            store = InMemoryProjectionStore(tables)
+            store = InMemoryProjectionStore(tables, opened.log)
         for p in chosen:
             rebuild(opened.log, store, p, until=until)
         console.print(f"[bold]projections as of position {until}[/bold] (head is {opened.log.head()})")

@@ -75,9 +75,24 @@ class Payload(Mapping[str, npt.NDArray[np.generic]]):
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._arrays.values())
 
+    def _header(self) -> bytes:
+        return _HEADER.encode([(k, a.dtype.str, int(a.shape[0])) for k, a in self._arrays.items()])
+
+    def layout(self) -> dict[str, int]:
+        """The byte offset of each array in :meth:`encode`'s output (where its first element
+        starts), so a reader of the stored blob (SQL's ``substring``, a slice) can take part
+        of one array without decoding the header."""
+        header = self._header()
+        offset = 8 + len(header)
+        out: dict[str, int] = {}
+        for name, array in self._arrays.items():
+            out[name] = offset
+            offset += array.nbytes
+        return out
+
     def encode(self) -> bytes:
         """The compact binary form stored in the ``payload`` column."""
-        header = _HEADER.encode([(k, a.dtype.str, int(a.shape[0])) for k, a in self._arrays.items()])
+        header = self._header()
         parts = [MAGIC, struct.pack("<I", len(header)), header]
         parts.extend(a.tobytes() for a in self._arrays.values())
         return b"".join(parts)

@@ -90,6 +90,11 @@ class RowStore(ABC):
     def _write(self, upserts: Mapping[str, list[Row]], deletes: Mapping[str, list[Key]]) -> None: ...
 
     @abstractmethod
+    def payloads(self, positions: Sequence[int]) -> dict[int, bytes]:
+        """The stored binary payload of each event at ``positions`` that has one, read from the
+        log (a tree split counts the trainable tokens of the payload slice it cuts)."""
+
+    @abstractmethod
     def truncate(self, tables: Sequence[str]) -> None:
         """Empty ``tables`` (inside the transaction)."""
 
@@ -124,6 +129,11 @@ class ProjectionStore(Protocol):
     def select_in(self, table: str, column: str, value: Any, among: str, keys: Sequence[Any]) -> list[Row]:
         """Committed rows of ``table`` whose ``column`` equals ``value`` and whose ``among``
         is one of ``keys``, by primary key (a few nodes of one tree, say)."""
+        ...
+
+    def payloads(self, positions: Sequence[int]) -> dict[int, bytes]:
+        """The stored binary payload of each event at ``positions`` that has one (a tree node's
+        token ids are a slice of its record's payload, not a copy)."""
         ...
 
 

@@ -26,6 +26,18 @@ from gyre_store.projections.base import Key, Row, RowStore
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
+def _payloads(conn: psycopg.Connection[Any], positions: Sequence[int]) -> dict[int, bytes]:
+    """The payloads of the events at ``positions`` from the log's table (the one in the
+    search path: a replay schema's projection refers to the live log's events)."""
+    if not positions:
+        return {}
+    rows = conn.execute(
+        "SELECT position, payload FROM gyre_events WHERE position = ANY(%s) AND payload IS NOT NULL",
+        (list(positions),),
+    ).fetchall()
+    return {int(pos): bytes(blob) for pos, blob in rows}
+
+
 class _PgRows(RowStore):
     def __init__(self, conn: psycopg.Connection[Any], schema: str, tables: Mapping[str, sa.Table]) -> None:
         super().__init__(tables)
@@ -86,6 +98,9 @@ class _PgRows(RowStore):
             ]
             with self._conn.cursor() as cur:
                 cur.executemany(query, params)
+
+    def payloads(self, positions: Sequence[int]) -> dict[int, bytes]:
+        return _payloads(self._conn, positions)
 
     def truncate(self, tables: Sequence[str]) -> None:
         if tables:
@@ -175,6 +190,13 @@ class PostgresProjectionStore:
             sql.SQL(", ").join(map(sql.Identifier, order)),
         )
         return self._fetch(query, (value, list(keys)))
+
+    def payloads(self, positions: Sequence[int]) -> dict[int, bytes]:
+        try:
+            with self._pool.connection() as conn:
+                return _payloads(conn, positions)
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
 
     def _fetch(self, query: sql.Composed, params: tuple[Any, ...]) -> list[Row]:
         try:

@@ -9,7 +9,7 @@ from gyre_store.trees.projection import TreeProjection
 from gyre_store.trees.recorder import ExecutionContext, PrefixPoint, TrajectoryRecorder
 from gyre_store.trees.render import CLASS_COLOURS, draw, outline
 from gyre_store.trees.topology import TreeTopology
-from gyre_store.trees.view import Candidate, TreeNode, TreeRecord, TreeStats, TreeView
+from gyre_store.trees.view import Candidate, TreeNode, TreeRecord, TreeStats, TreeView, resolve_nodes
 
 __all__ = [
     "CLASS_COLOURS",
@@ -25,4 +25,5 @@ __all__ = [
     "TreeView",
     "draw",
     "outline",
+    "resolve_nodes",
 ]

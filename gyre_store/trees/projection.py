@@ -4,7 +4,11 @@ A record names the earlier record its context extends and how many tokens it sha
 (``prefix_of``, ``prefix_len``). The projection walks up from that record's end node to
 the shared offset, splits the node there if the offset falls inside it (the lower half
 keeps its id, so every stored reference to a node end stays valid), and hangs the new
-input tokens and then the output tokens below. Unique tokens are stored once.
+input tokens and then the output tokens below. Unique tokens are stored once: a node keeps
+no arrays of its own but the position of the record event whose payload holds them and the
+byte offset of its slice of each array there (``tokens_at``, ``provenance_at``, and for an
+output ``logprobs_at`` and ``trainable_at``); readers take the slices from the log
+(``gyre_store.trees.view.resolve_nodes``, ``gyre_record_input_v1``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,19 @@ def _count_ends(msg_ends: bytes, upto: int | None = None) -> int:
     return int(ends.shape[0]) if upto is None else int(np.count_nonzero(ends <= upto))
 
 
-def _trainable_count(trainable: bytes | None) -> int:
-    return 0 if trainable is None else int(np.count_nonzero(np.frombuffer(trainable, dtype="|b1")))
+def _trainable_above(rows: RowStore, node: Row, cut: int) -> int:
+    """How many of a node's first ``cut`` tokens are trainable, read from its record's payload."""
+    if node["trainable_at"] is None:
+        return 0
+    position = int(node["position"])
+    payload = rows.payloads([position]).get(position)
+    at = int(node["trainable_at"])
+    if payload is None or at + cut > len(payload):
+        raise ProjectionError(
+            f"tree node {node['node_id']} of {node['execution_id']} refers to event {position}, "
+            "whose payload the log does not hold"
+        )
+    return int(np.count_nonzero(np.frombuffer(payload, dtype="|b1", count=cut, offset=at)))
 
 
 class TreeProjection(Projection):
@@ -90,18 +105,21 @@ class TreeProjection(Projection):
             parent = self._point(rows, state, topology, ex, int(prior["output_node"]), ev.prefix_len)
 
         end = parent
+        assert event.payload is not None  # from_payload refuses a record without one
+        at = event.payload.layout()  # where each array starts in the stored payload
         if arrays.input_len:
             end = self._add_node(
-                rows, state, topology, ex, end, "input", ev.request_id,
-                tokens=arrays.input_ids.tobytes(), provenance=arrays.input_prov.tobytes(),
-                logprobs=None, trainable=None, msg_ends=arrays.msg_ends.tobytes(),
+                rows, state, topology, ex, end, "input", ev.request_id, arrays.input_len, 0,
+                position=event.position, tokens_at=at["input_ids"], provenance_at=at["input_prov"],
+                logprobs_at=None, trainable_at=None, msg_ends=arrays.msg_ends.tobytes(),
             )  # fmt: skip
         if arrays.output_len:
             out_end = np.array([ev.prefix_len + arrays.input_len + arrays.output_len], dtype="<i4")
             end = self._add_node(
-                rows, state, topology, ex, end, "output", ev.request_id,
-                tokens=arrays.output_ids.tobytes(), provenance=arrays.output_prov.tobytes(),
-                logprobs=arrays.output_logprobs.tobytes(), trainable=arrays.output_trainable.tobytes(),
+                rows, state, topology, ex, end, "output", ev.request_id, arrays.output_len,
+                int(np.count_nonzero(arrays.output_trainable)),
+                position=event.position, tokens_at=at["output_ids"], provenance_at=at["output_prov"],
+                logprobs_at=at["output_logprobs"], trainable_at=at["output_trainable"],
                 msg_ends=out_end.tobytes() if arrays.output_hash.shape[0] else b"",
             )  # fmt: skip
         if end is None:
@@ -168,23 +186,16 @@ class TreeProjection(Projection):
         ends = np.frombuffer(node["msg_ends"], dtype="<i4")
         upper_ends, lower_ends = ends[ends <= offset], ends[ends > offset]
 
-        def part(blob: bytes | None, width: int, lower: bool) -> bytes | None:
-            if blob is None:
-                return None
-            return blob[cut * width :] if lower else blob[: cut * width]
+        def moved(at: int | None, width: int) -> int | None:
+            return None if at is None else at + cut * width
 
-        upper_trainable = part(node["trainable"], 1, False)
+        upper_trainable = _trainable_above(rows, node, cut)
         upper: Row = {
             **node,
             "node_id": state["next_node"],
             "n_tokens": cut,
-            "tokens": part(node["tokens"], 4, False),
-            "provenance": part(node["provenance"], 1, False),
-            "logprobs": part(node["logprobs"], 4, False),
-            "trainable": upper_trainable,
             "msg_ends": upper_ends.tobytes(),
-            "path_trainable": (int(parent["path_trainable"]) if parent else 0)
-            + _trainable_count(upper_trainable),
+            "path_trainable": (int(parent["path_trainable"]) if parent else 0) + upper_trainable,
             "path_messages": (int(parent["path_messages"]) if parent else 0) + int(upper_ends.shape[0]),
             "children": 1,
             "request_id": node["request_id"],
@@ -195,15 +206,15 @@ class TreeProjection(Projection):
             "parent_id": upper["node_id"],
             "start": offset,
             "n_tokens": int(node["n_tokens"]) - cut,
-            "tokens": part(node["tokens"], 4, True),
-            "provenance": part(node["provenance"], 1, True),
-            "logprobs": part(node["logprobs"], 4, True),
-            "trainable": part(node["trainable"], 1, True),
+            "tokens_at": moved(node["tokens_at"], 4),
+            "provenance_at": moved(node["provenance_at"], 1),
+            "logprobs_at": moved(node["logprobs_at"], 4),
+            "trainable_at": moved(node["trainable_at"], 1),
             "msg_ends": lower_ends.tobytes(),
         }
         rows.put(NODES, upper)
         rows.put(NODES, lower)
-        topology.split(int(upper["node_id"]), int(node["node_id"]), offset, _trainable_count(upper_trainable))
+        topology.split(int(upper["node_id"]), int(node["node_id"]), offset, upper_trainable)
         return upper
 
     def _add_node(
@@ -215,9 +226,10 @@ class TreeProjection(Projection):
         parent: Row | None,
         kind: str,
         by: str,
+        n: int,
+        trainable: int,
         **arrays: Any,
     ) -> Row:
-        n = len(arrays["tokens"]) // 4
         node_id = state["next_node"]
         state["next_node"] += 1
         if parent is None and state["first_root"] is None:
@@ -231,8 +243,7 @@ class TreeProjection(Projection):
             "start": 0 if parent is None else int(parent["start"]) + int(parent["n_tokens"]),
             "n_tokens": n,
             **arrays,
-            "path_trainable": (int(parent["path_trainable"]) if parent else 0)
-            + _trainable_count(arrays["trainable"]),
+            "path_trainable": (int(parent["path_trainable"]) if parent else 0) + trainable,
             "path_messages": (int(parent["path_messages"]) if parent else 0)
             + _count_ends(arrays["msg_ends"]),
             "children": 0,
@@ -242,9 +253,7 @@ class TreeProjection(Projection):
             parent = {**parent, "children": int(parent["children"]) + 1}
             rows.put(NODES, parent)
         rows.put(NODES, node)
-        topology.add_node(
-            node_id, node["parent_id"], int(node["start"]), _trainable_count(arrays["trainable"])
-        )
+        topology.add_node(node_id, node["parent_id"], int(node["start"]), trainable)
         return node
 
     @staticmethod

@@ -9,6 +9,7 @@ statistics are the ones the paper reports for its execution f3ad38e5.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -16,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gyre_store.catalog import LeafClass
-from gyre_store.exceptions import NoTrajectoryTree
+from gyre_store.exceptions import NoTrajectoryTree, ProjectionError
 from gyre_store.projections import ProjectionStore, Row
 
 
@@ -42,9 +43,24 @@ class TreeNode:
         return self.start + int(self.tokens.shape[0])
 
     @classmethod
-    def from_row(cls, row: Row) -> TreeNode:
-        def arr(blob: bytes | None, dtype: str) -> npt.NDArray[np.generic] | None:
-            return None if blob is None else np.frombuffer(bytes(blob), dtype=dtype)
+    def from_row(cls, row: Row, payload: bytes) -> TreeNode:
+        """A node row with its arrays sliced from ``payload``, the stored payload of the record
+        event the row refers to (``row["position"]``)."""
+        n = int(row["n_tokens"])
+
+        def sliced(at: int | None, dtype: str) -> npt.NDArray[np.generic] | None:
+            if at is None:
+                return None
+            end = at + np.dtype(dtype).itemsize * n
+            if at < 0 or end > len(payload):
+                raise ProjectionError(
+                    f"tree node {row['node_id']} of {row['execution_id']} refers to bytes {at} to "
+                    f"{end} of event {row['position']}'s payload, which has {len(payload)}"
+                )
+            return np.frombuffer(payload, dtype=dtype, count=n, offset=at)
+
+        def arr(blob: bytes | None, dtype: str) -> npt.NDArray[np.generic]:
+            return np.frombuffer(bytes(blob or b""), dtype=dtype)
 
         return cls(
             node_id=int(row["node_id"]),
@@ -52,16 +68,32 @@ class TreeNode:
             root_id=int(row["root_id"]),
             kind=str(row["kind"]),
             start=int(row["start"]),
-            tokens=arr(row["tokens"], "<i4"),  # type: ignore[arg-type]
-            provenance=arr(row["provenance"], "|u1"),  # type: ignore[arg-type]
-            logprobs=arr(row["logprobs"], "<f4"),  # type: ignore[arg-type]
-            trainable=arr(row["trainable"], "|b1"),  # type: ignore[arg-type]
+            tokens=sliced(int(row["tokens_at"]), "<i4"),  # type: ignore[arg-type]
+            provenance=sliced(int(row["provenance_at"]), "|u1"),  # type: ignore[arg-type]
+            logprobs=sliced(row["logprobs_at"], "<f4"),  # type: ignore[arg-type]
+            trainable=sliced(row["trainable_at"], "|b1"),  # type: ignore[arg-type]
             msg_ends=arr(row["msg_ends"], "<i4"),  # type: ignore[arg-type]
             path_trainable=int(row["path_trainable"]),
             path_messages=int(row["path_messages"]),
             children=int(row["children"]),
             request_id=str(row["request_id"]),
         )
+
+
+def resolve_nodes(store: ProjectionStore, rows: Sequence[Row]) -> list[TreeNode]:
+    """Tree node rows as nodes, each with its token ids and logprobs read from the payload of
+    the record event it refers to (one read of those payloads for all the rows)."""
+    payloads = store.payloads(sorted({int(r["position"]) for r in rows}))
+    out = []
+    for row in rows:
+        payload = payloads.get(int(row["position"]))
+        if payload is None:
+            raise ProjectionError(
+                f"tree node {row['node_id']} of {row['execution_id']} refers to event "
+                f"{row['position']}, which has no payload in the log"
+            )
+        out.append(TreeNode.from_row(row, payload))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +154,8 @@ class TreeView:
 
     @classmethod
     def load(cls, store: ProjectionStore, execution_id: str) -> TreeView:
-        nodes = {
-            n.node_id: n
-            for n in map(TreeNode.from_row, store.select("gyre_tree_nodes", "execution_id", execution_id))
-        }
+        rows = store.select("gyre_tree_nodes", "execution_id", execution_id)
+        nodes = {n.node_id: n for n in resolve_nodes(store, rows)}
         if not nodes:
             raise NoTrajectoryTree(f"no trajectory tree for execution {execution_id!r}")
         records = {

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from gyre_store.catalog import Provenance
 from gyre_store.projections import ProjectionStore
-from gyre_store.trees import TreeNode, TreeTopology, TreeView
+from gyre_store.trees import TreeNode, TreeTopology, TreeView, resolve_nodes
 from gyre_train.trajectories.admission import Admission
 from gyre_train.trajectories.trajectory import (
     AdmissionTree,
@@ -113,4 +113,4 @@ def admitted_tokens(
     index = {int(stored.node_ids[i]): i for i in wanted}
     rows = store.select_in("gyre_tree_nodes", "execution_id", stored.execution_id, "node_id", sorted(index))
     sampled_code = int(Provenance.SAMPLED)
-    return {index[int(row["node_id"])]: _node_tokens(TreeNode.from_row(row), sampled_code) for row in rows}
+    return {index[n.node_id]: _node_tokens(n, sampled_code) for n in resolve_nodes(store, rows)}

@@ -118,10 +118,10 @@ def settled_records(database_url: str, execution_id: str) -> list[ModelCallRecor
 
 def tree(database_url: str, execution_id: str) -> TreeView:
     projection = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
     with PostgresEventLog(StoreConfig(database_url)) as log:
+        store = InMemoryProjectionStore({t.name: t for t in projection.tables}, log)
         catch_up(log, store, projection)
-    return TreeView.load(store, execution_id)
+        return TreeView.load(store, execution_id)
 
 
 def live_run_env(database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:

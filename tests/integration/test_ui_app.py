@@ -217,7 +217,7 @@ def test_a_replay_position_shows_the_store_as_it_was(recorded: Any, pg_log: Post
     # Halfway through the records: the tree as a projection caught up to there holds it.
     calls = [r.position for r in pg_log.read_stream(StreamId("calls", "ui-e1"))]
     middle = calls[len(calls) // 2]
-    store = InMemoryProjectionStore({t.name: t for t in TreeProjection.tables})
+    store = InMemoryProjectionStore({t.name: t for t in TreeProjection.tables}, pg_log)
     catch_up(pg_log, store, TreeProjection(), until=middle)
     past = TreeView.load(store, "ui-e1")
     page = client.get(f"/executions/ui-e1?at={middle}").text

@@ -48,7 +48,7 @@ def test_a_tree_at_a_position_has_the_records_up_to_there() -> None:
     assert len(whole.records) == len(calls) and len(half.records) == len(calls) // 2 + 1
     assert tree_at(at_position(log, calls[0] - 1), "e0") is None
     # Folded at the head it is the projection's tree.
-    store = memory_store()
+    store = memory_store(log)
     assert set(tree_at(at_position(log, None), "e0", store).nodes) == set(whole.nodes)  # type: ignore[union-attr]
 
 

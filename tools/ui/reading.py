@@ -287,7 +287,7 @@ def tree_at(log: LogAt, execution_id: str, projected: ProjectionStore | None = N
     if not events:
         return None
     projection = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
+    store = InMemoryProjectionStore({t.name: t for t in projection.tables}, log)
     with store.transaction() as rows:
         projection.fold(rows, events)
     return TreeView.load(store, execution_id)

@@ -92,7 +92,7 @@ def test_a_tool_loop_on_a_checkpoint_records_its_own_template_ids(served: tuple[
 
     assert proxy.spool.flush(30)
     projection = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
+    store = InMemoryProjectionStore({t.name: t for t in projection.tables}, proxy.log)
     catch_up(proxy.log, store, projection)
     view = TreeView.load(store, "ex")
     r1, r2 = sorted(view.records.values(), key=lambda r: r.seq)

@@ -63,7 +63,7 @@ def proxy(engines: list[ReferenceEngineServer]) -> Iterator[ProxyService]:
 def tree(service: ProxyService, execution_id: str) -> TreeView:
     assert service.spool.flush(30)
     p = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in p.tables})
+    store = InMemoryProjectionStore({t.name: t for t in p.tables}, service.log)
     catch_up(service.log, store, p)
     return TreeView.load(store, execution_id)
 

@@ -50,7 +50,7 @@ def test_a_moved_execution_continues_on_its_new_engine(
     assert moved_answer.moved == 1  # cancelled because it moved, not because an engine failed
     assert moved_answer.kv_migrated == int(kv_migration)
     projection = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in projection.tables})
+    store = InMemoryProjectionStore({t.name: t for t in projection.tables}, log)
     catch_up(log, store, projection)
     view = TreeView.load(store, f"{RUN}/e0")
     by_seq = sorted(view.records.values(), key=lambda r: r.seq)

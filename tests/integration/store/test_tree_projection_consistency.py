@@ -67,7 +67,7 @@ def assert_whole(store: ProjectionStore, log: PostgresEventLog) -> None:
         ex = state["execution_id"]
         nodes = store.select("gyre_tree_nodes", "execution_id", ex)
         assert int(state["next_node"]) == TreeTopology.load(store, ex).num_nodes == len(nodes), ex
-    fresh = InMemoryProjectionStore({t.name: t for t in p.tables})
+    fresh = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     rebuild(log, fresh, p)
     for t in p.tables:
         assert store.dump(t.name) == fresh.dump(t.name), t.name
@@ -80,10 +80,10 @@ class FailsInsideRecord(TreeProjection):
         self.request_id = request_id
 
     def _add_node(self, rows: RowStore, state: Row, topology: Any, ex: str, parent: Row | None,
-                  kind: str, by: str, **arrays: Any) -> Row:  # fmt: skip
+                  kind: str, by: str, n: int, trainable: int, **arrays: Any) -> Row:  # fmt: skip
         if by == self.request_id and kind == "output":
             raise ProjectionError(f"injected failure inside {by}")
-        return super()._add_node(rows, state, topology, ex, parent, kind, by, **arrays)
+        return super()._add_node(rows, state, topology, ex, parent, kind, by, n, trainable, **arrays)
 
 
 def test_a_catch_up_that_fails_inside_a_record_leaves_nothing_and_its_retry_is_whole(

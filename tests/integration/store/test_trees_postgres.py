@@ -9,7 +9,7 @@ from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
 from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
-from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView, resolve_nodes
 
 SMALL = TraceConfig(
     seed=5,
@@ -50,12 +50,26 @@ def test_generated_execution_on_postgres(pg_log: PostgresEventLog, database_url:
             "SELECT count(*) FROM gyre_records_v WHERE execution_id = 'ex-pg'"
         ).fetchone()  # type: ignore[misc]
         assert n_records == len(view.records)
-        # Payloads and tree tokens are stored compressed (migration 0007), and read back exactly above.
-        (compressed_payloads, compressed_nodes) = conn.execute(
-            "SELECT (SELECT count(*) FROM gyre_events WHERE pg_column_compression(payload) IS NOT NULL), "
-            "(SELECT count(*) FROM gyre_tree_nodes WHERE pg_column_compression(tokens) IS NOT NULL)"
+        # Payloads are stored compressed (migration 0007) and the nodes hold no token ids or
+        # logprobs of their own (0008): every node's slice lies inside its record's payload.
+        (compressed_payloads,) = conn.execute(
+            "SELECT count(*) FROM gyre_events WHERE pg_column_compression(payload) IS NOT NULL"
         ).fetchone()  # type: ignore[misc]
-        assert compressed_payloads > 0 and compressed_nodes > 0
+        assert compressed_payloads > 0
+        columns = {
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'gyre_tree_nodes'"
+            )
+        }
+        assert {"position", "tokens_at", "provenance_at", "logprobs_at", "trainable_at"} <= columns
+        assert not {"tokens", "provenance", "logprobs", "trainable"} & columns
+        (outside,) = conn.execute(
+            "SELECT count(*) FROM gyre_tree_nodes n JOIN gyre_events e ON e.position = n.position "
+            "WHERE n.execution_id = 'ex-pg' AND (n.tokens_at + 4 * n.n_tokens > length(e.payload) "
+            "OR e.event_type <> 'model_call.recorded')"
+        ).fetchone()  # type: ignore[misc]
+        assert outside == 0
 
     # The topology row agrees with the nodes; a few nodes are read by id without the rest.
     topology = TreeTopology.load(live, "ex-pg")
@@ -66,7 +80,9 @@ def test_generated_execution_on_postgres(pg_log: PostgresEventLog, database_url:
     some = sorted(view.nodes)[::3]
     picked = live.select_in("gyre_tree_nodes", "execution_id", "ex-pg", "node_id", some)
     assert [r["node_id"] for r in picked] == some
-    assert all(bytes(r["tokens"]) == view.nodes[r["node_id"]].tokens.tobytes() for r in picked)
+    for node in resolve_nodes(live, picked):
+        np.testing.assert_array_equal(node.tokens, view.nodes[node.node_id].tokens)
+        assert node.logprobs is None or np.array_equal(node.logprobs, view.nodes[node.node_id].logprobs)
 
     replica = PostgresProjectionStore(pg_log.pool, {t.name: t for t in p.tables}, schema="trees_rebuilt")
     replica.create_schema()

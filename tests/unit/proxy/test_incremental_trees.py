@@ -40,7 +40,7 @@ def traced(template: Qwen3Template) -> tuple[InMemoryEventLog, TreeView, TraceGe
     gen = TraceGenerator(Ingestor(TrajectoryRecorder(log), template, ClaudeCodeHarness()), SMALL)
     gen.run("ex", "run")
     p = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in p.tables})
+    store = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     catch_up(log, store, p)
     return log, TreeView.load(store, "ex"), gen
 

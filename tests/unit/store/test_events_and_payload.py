@@ -104,6 +104,20 @@ def test_payload_round_trips_bit_exactly(data: dict[str, np.ndarray[Any, Any]]) 
     assert back == payload
 
 
+@given(arrays)
+def test_payload_layout_names_where_each_array_lies_in_the_stored_bytes(
+    data: dict[str, np.ndarray[Any, Any]],
+) -> None:
+    payload = Payload(data)
+    blob = payload.encode()
+    layout = payload.layout()
+    assert list(layout) == list(data)
+    for name, array in data.items():
+        at = layout[name]
+        assert blob[at : at + array.nbytes] == array.tobytes()
+    assert Payload.decode(blob).layout() == layout  # the same offsets from a payload read back
+
+
 def test_payload_is_compact_and_rejects_what_it_cannot_store() -> None:
     ids = np.arange(2048, dtype=np.int32)
     lp = np.zeros(2048, dtype=np.float32)

@@ -8,9 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre_store import InMemoryEventLog, InMemoryProjectionStore, MalformedEvent, catch_up, rebuild
+from gyre_store import (
+    ConfigError,
+    InMemoryEventLog,
+    InMemoryProjectionStore,
+    MalformedEvent,
+    ProjectionError,
+    catch_up,
+    rebuild,
+)
 from gyre_store.catalog import AgentKind, CallFinish, CallPurpose, ModelCallRecorded, Provenance, TitoArrays
-from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView
+from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView, resolve_nodes
 
 
 def arrays(
@@ -78,7 +86,7 @@ def naive_inputs(records: list[tuple[ModelCallRecorded, TitoArrays]]) -> dict[st
 
 def project(log: InMemoryEventLog) -> InMemoryProjectionStore:
     p = TreeProjection()
-    store = InMemoryProjectionStore({t.name: t for t in p.tables})
+    store = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     catch_up(log, store, p, batch=4)
     return store
 
@@ -91,7 +99,7 @@ def test_every_record_rebuilds_exactly_and_rebuild_equals_incremental(
     log = InMemoryEventLog()
     recorder = TrajectoryRecorder(log)
     p = TreeProjection()
-    live = InMemoryProjectionStore({t.name: t for t in p.tables})
+    live = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     for ev, a in records:
         recorder.record(ev, a)
         catch_up(log, live, p, batch=3)
@@ -109,7 +117,7 @@ def test_every_record_rebuilds_exactly_and_rebuild_equals_incremental(
         a.input_len + a.output_len for _, a in records
     )
     assert_topology_matches(TreeTopology.load(live, "ex"), view)
-    fresh = InMemoryProjectionStore({t.name: t for t in p.tables})
+    fresh = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     rebuild(log, fresh, p)
     for t in p.tables:
         assert fresh.dump(t.name) == live.dump(t.name)
@@ -136,6 +144,48 @@ def test_split_in_the_middle_of_an_output_keeps_both_halves_trainable() -> None:
     np.testing.assert_array_equal(view.output_of("a")[0], [10, 11, 12, 13])
     assert view.stats().trainable_tokens == 5  # 4 of a's output (split in two nodes) + 1 of b's
     assert {c.request_id for c in view.candidates()} == {"a", "b"}
+
+
+def test_nodes_refer_to_their_records_payloads_and_a_split_moves_the_offsets() -> None:
+    log = InMemoryEventLog()
+    rec = TrajectoryRecorder(log)
+    a = arrays([1, 2, 3], [10, 11, 12, 13])
+    rec.record(call("a"), a)
+    rec.record(call("b", "a", 5), arrays([7], [20]))  # splits a's output after 10, 11
+    store = project(log)
+    rows = store.select("gyre_tree_nodes", "execution_id", "ex")
+    assert not {"tokens", "provenance", "logprobs", "trainable"} & set(rows[0])  # no copies
+    view = TreeView.load(store, "ex")
+    # the two halves of a's output refer to one payload, the lower one 2 tokens further in
+    halves = sorted(
+        (n for n in view.nodes.values() if n.kind == "output" and n.request_id == "a"), key=lambda n: n.start
+    )
+    np.testing.assert_array_equal(halves[0].tokens, [10, 11])
+    np.testing.assert_array_equal(halves[1].tokens, [12, 13])
+    np.testing.assert_array_equal(np.concatenate([h.logprobs for h in halves]), a.output_logprobs)  # type: ignore[misc]
+    by_id = {r["node_id"]: r for r in rows}
+    upper, lower = (by_id[h.node_id] for h in halves)
+    assert upper["position"] == lower["position"]
+    assert lower["tokens_at"] == upper["tokens_at"] + 8 and lower["logprobs_at"] == upper["logprobs_at"] + 8
+    assert lower["provenance_at"] == upper["provenance_at"] + 2
+    assert lower["trainable_at"] == upper["trainable_at"] + 2
+    assert [n.trainable.tolist() for n in halves] == [[True, True], [True, True]]  # type: ignore[union-attr]
+
+
+def test_a_node_whose_payload_is_missing_or_short_is_a_clear_error() -> None:
+    log = InMemoryEventLog()
+    TrajectoryRecorder(log).record(call("a"), arrays([1, 2, 3], [10]))
+    p = TreeProjection()
+    without_log = InMemoryProjectionStore({t.name: t for t in p.tables})
+    catch_up(log, without_log, p)
+    with pytest.raises(ConfigError, match="without its event log"):
+        TreeView.load(without_log, "ex")
+    store = project(log)
+    [row, *_] = store.select("gyre_tree_nodes", "execution_id", "ex")
+    with pytest.raises(ProjectionError, match="which has no payload"):
+        resolve_nodes(store, [{**row, "position": 99}])
+    with pytest.raises(ProjectionError, match="refers to bytes"):
+        resolve_nodes(store, [{**row, "tokens_at": row["tokens_at"] + 10_000}])
 
 
 def test_duplicate_delivery_is_idempotent() -> None:
@@ -221,11 +271,11 @@ def test_folding_records_at_once_leaves_the_rows_applying_them_one_by_one_leaves
     events = log.read(0, limit=1000)
     events += events[:redelivered]
     p = TreeProjection()
-    one_by_one = InMemoryProjectionStore({t.name: t for t in p.tables})
+    one_by_one = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     with one_by_one.transaction() as rows:
         for event in events:
             p.apply(rows, event)
-    folded = InMemoryProjectionStore({t.name: t for t in p.tables})
+    folded = InMemoryProjectionStore({t.name: t for t in p.tables}, log)
     with folded.transaction() as rows:
         p.fold(rows, events)
     for t in p.tables:

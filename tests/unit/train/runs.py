@@ -102,8 +102,8 @@ def projections() -> ProjectionSet:
     return ProjectionSet([TreeProjection(), *evaluation_projections()])
 
 
-def memory_store() -> InMemoryProjectionStore:
-    return InMemoryProjectionStore(projections().tables())
+def memory_store(log: EventLog) -> InMemoryProjectionStore:
+    return InMemoryProjectionStore(projections().tables(), log)
 
 
 def catch_all(log: EventLog, store: ProjectionStore) -> None:

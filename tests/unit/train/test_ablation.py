@@ -25,7 +25,7 @@ def executions() -> list[StoredExecution]:
     log = InMemoryEventLog()
     for seed, e in enumerate(("x0", "x1")):
         record_trace(log, e, "r", seed=5 + seed)
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     return [stored_execution(TreeView.load(store, e)) for e in ("x0", "x1")]
 

@@ -58,7 +58,7 @@ def _runner(log: InMemoryEventLog, fn, clock: FakeClock | None = None, **config:
 
 
 def _rows(log: InMemoryEventLog) -> InMemoryProjectionStore:
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     return store
 

@@ -86,7 +86,7 @@ def _finish_new_group(log: InMemoryEventLog, runner: EvaluationRunner, e_finish:
 def test_groups_become_ready_oldest_policy_first_and_turn_into_rows() -> None:
     log = InMemoryEventLog()
     runner = _run(log)
-    store = memory_store()
+    store = memory_store(log)
     config = GroupSourceConfig(
         AdmissionConfig(max_trajectories=2), AdvantageConfig(scale_by_std=False), seed=3
     )
@@ -139,7 +139,7 @@ def test_surplus_is_not_a_member_and_an_overfull_group_is_an_error_that_loses_no
         finish(log, e, RUN)
         runner.preserve(e, "v1")
         runner.settle(e, deadline=INF)
-    store = memory_store()
+    store = memory_store(log)
     source = StoreGroupSource(log, store)
     assert source.ready_groups() == ()  # s2 is still running
     finish(log, "s2", RUN, FinishReason.SURPLUS)
@@ -160,7 +160,7 @@ def test_a_rejected_reward_makes_its_group_untrainable() -> None:
     finish(log, "x", RUN)
     log.append([new_outcome(RewardAssigned(execution_id="x", run_id=RUN, evaluation_id="nope", reward=1.0,
                                            artifact_version="v1"))])  # fmt: skip
-    source = StoreGroupSource(log, memory_store())
+    source = StoreGroupSource(log, memory_store(log))
     [ticket] = source.ready_groups()
     with pytest.raises(GroupNotTrainableError, match="rejected"):
         source.take(ticket.group_id)
@@ -172,18 +172,18 @@ def test_rebuild_of_the_evaluation_and_group_projections_equals_the_incremental_
     for e in ("a", "b", "c", "d", "e", "f"):
         finish(log, e, RUN)
         runner.settle(e, deadline=INF)
-    live = memory_store()
+    live = memory_store(log)
     source = StoreGroupSource(log, live)
     for ticket in source.ready_groups():
         source.take(ticket.group_id)
     catch_all(log, live)
     # Incremental catch-up in small batches versus one rebuild from scratch.
-    stepped = memory_store()
+    stepped = memory_store(log)
     for p in projections():
         for until in range(0, log.head() + 1, 17):
             catch_up(log, stepped, p, until=until, batch=3)
         catch_up(log, stepped, p)
-    rebuilt = InMemoryProjectionStore(projections().tables())
+    rebuilt = InMemoryProjectionStore(projections().tables(), log)
     for p in projections():
         rebuild(log, rebuilt, p)
     for table in ("gyre_artifacts", "gyre_evaluations", "gyre_rewards", "gyre_groups", "gyre_group_members"):
@@ -214,7 +214,7 @@ def test_ready_groups_reads_one_cut_of_the_log() -> None:
     finish(log, "a", RUN)
     runner = EvaluationRunner(log, CallableEvaluator(_judge), EvaluationConfig(retry_delay_s=0))
     runner.preserve("a", "v1")
-    source = StoreGroupSource(log, memory_store(), GroupSourceConfig(), step=1)
+    source = StoreGroupSource(log, memory_store(log), GroupSourceConfig(), step=1)
     # The reward lands while the source catches its projections up: either all three see it
     # or none does, so a ticket always builds.
     log.heads, log.writer = 0, lambda: runner.settle("a", deadline=INF)
@@ -235,7 +235,7 @@ def test_a_step_resumed_takes_back_only_its_own_runs_groups() -> None:
             for i in range(2)
         ]
     )
-    mine = StoreGroupSource(log, memory_store(), GroupSourceConfig(trainer="core", run_id="second"))
+    mine = StoreGroupSource(log, memory_store(log), GroupSourceConfig(trainer="core", run_id="second"))
     assert mine.consumed_by_step(0) == ("second-g0", "second-g1")
     assert mine.consumed_by_step(1) == ()
 
@@ -266,7 +266,7 @@ class _TreeOutage:
 def test_an_outage_while_a_tree_loads_propagates_and_consumes_nothing() -> None:
     log = InMemoryEventLog()
     runner = _run(log)
-    store = _TreeOutage(memory_store())
+    store = _TreeOutage(memory_store(log))
     source = StoreGroupSource(log, store, GroupSourceConfig(), step=1)  # type: ignore[arg-type]
     _finish_new_group(log, runner, FinishReason.COMPLETED)
     [ticket] = source.ready_groups()
@@ -282,7 +282,7 @@ def test_an_outage_while_a_tree_loads_propagates_and_consumes_nothing() -> None:
 
 
 def test_an_execution_with_no_tree_gives_no_rows() -> None:
-    store = memory_store()
+    store = memory_store(InMemoryEventLog())
     assert execution_rows(store, "never-called", GroupSourceConfig()) == ()
     with pytest.raises(NoTrajectoryTree):
         TreeView.load(store, "never-called")

@@ -41,12 +41,16 @@ class _Reads:
         self.nodes_read += len(rows) if table == "gyre_tree_nodes" else 0
         return rows
 
+    def payloads(self, positions: list[int]) -> dict[int, bytes]:
+        assert not self.no_nodes, "admission read the records' token payloads"
+        return self._store.payloads(positions)
+
 
 @pytest.mark.parametrize("cap", [1, 5, None])
 def test_topology_admits_and_packs_what_the_whole_tree_does(cap: int | None) -> None:
     log = InMemoryEventLog()
     record_trace(log, "ex", "r", seed=7)  # compactions, a sub-agent and retries
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     config = AdmissionConfig(max_trajectories=cap)
     old = stored_execution(TreeView.load(store, "ex"))
@@ -86,7 +90,7 @@ def test_topology_admits_and_packs_what_the_whole_tree_does(cap: int | None) -> 
 def test_a_node_left_unloaded_is_refused() -> None:
     log = InMemoryEventLog()
     record_trace(log, "ex", "r", seed=7)
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     new = stored_topology(TreeTopology.load(store, "ex"))
     admission = admit(new.tree, AdmissionConfig(max_trajectories=1), admission_rng(0, "ex"))

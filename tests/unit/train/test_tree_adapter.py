@@ -38,7 +38,7 @@ def test_critique_a_later_request_consumed_is_context_never_a_target() -> None:
     second = ModelCallRecorded(execution_id="x", run_id="r", request_id="r2", prefix_of="r1", prefix_len=4)
     critique = [(50, P.CRITIQUE), (51, P.CRITIQUE), (52, P.CRITIQUE)]
     log.append([new_record(second, _arrays([*critique, (3, P.USER)], [(12, P.SAMPLED), (13, P.TEMPLATE)]))])
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     stored = stored_execution(TreeView.load(store, "x"))
     assert stored.excluded_critique == 3
@@ -51,7 +51,7 @@ def test_critique_a_later_request_consumed_is_context_never_a_target() -> None:
 def test_a_generated_tree_in_admission_form() -> None:
     log = InMemoryEventLog()
     record_trace(log, "ex", "r")
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     view = TreeView.load(store, "ex")
     stored = stored_execution(view)
@@ -76,7 +76,7 @@ def test_only_sampled_tokens_are_targets_even_if_a_mask_says_otherwise() -> None
     first = ModelCallRecorded(execution_id="x", run_id="r", request_id="r1")
     out = [(10, P.SAMPLED), (60, P.CRITIQUE), (11, P.SAMPLED)]
     log.append([new_record(first, _arrays([(1, P.SYSTEM), (50, P.CRITIQUE)], out))])
-    store = memory_store()
+    store = memory_store(log)
     catch_all(log, store)
     view = TreeView.load(store, "x")
     # A mask that claims every token is trainable (written past the recorder's validation).
