@@ -81,8 +81,9 @@ class TreeNode:
 
 
 def resolve_nodes(store: ProjectionStore, rows: Sequence[Row]) -> list[TreeNode]:
-    """Tree node rows as nodes, each with its token ids and logprobs read from the payload of
-    the record event it refers to (one read of those payloads for all the rows)."""
+    """Tree node rows as nodes, each with its arrays (ids, provenance, logprobs, trainable mask)
+    sliced from the payload of the record event it refers to (one read of those payloads for
+    all the rows)."""
     payloads = store.payloads(sorted({int(r["position"]) for r in rows}))
     out = []
     for row in rows:
