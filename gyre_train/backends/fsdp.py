@@ -59,15 +59,14 @@ from gyre_train.backends.pytorch import (
 )
 from gyre_train.exceptions import InvalidConfigError
 from gyre_train.objective import packed_token_logprobs
-from gyre_train.objective.logprobs import VOCAB_CHUNK
+from gyre_train.objective.logprobs import chunked_log_partition, subtract_softmax_terms
 from gyre_train.trajectories import MicroStep
 
 
-def _rows_of(local: torch.Tensor, rows: int, group: Any) -> tuple[int, int]:
-    """The first and one past the last vocabulary row of this rank's Shard(0) piece of a
-    [rows, H] matrix (torch.chunk's split: ceil(rows / N) rows each, the last ones fewer)."""
-    start = min(dist.get_rank(group) * -(-rows // dist.get_world_size(group)), rows)
-    return start, start + local.shape[0]
+def _first_row(rows: int, group: Any) -> int:
+    """The first vocabulary row of this rank's Shard(0) piece of a [rows, H] matrix
+    (torch.chunk's split: ceil(rows / N) rows each, the last ones fewer)."""
+    return min(dist.get_rank(group) * -(-rows // dist.get_world_size(group)), rows)
 
 
 class _ShardedEmbedding(torch.autograd.Function):
@@ -107,9 +106,7 @@ class _ShardedTargetLogprob(torch.autograd.Function):
     def forward(
         ctx: Any, hidden: torch.Tensor, local: torch.Tensor, targets: torch.Tensor, start: int, group: Any
     ) -> torch.Tensor:
-        lse = hidden.new_full((hidden.shape[0],), float("-inf"))  # [U] over this rank's rows
-        for first in range(0, local.shape[0], VOCAB_CHUNK):
-            lse = torch.logaddexp(lse, torch.logsumexp(hidden @ local[first : first + VOCAB_CHUNK].T, dim=-1))
+        lse = chunked_log_partition(hidden, local)  # [U] over this rank's rows
         every = [torch.empty_like(lse) for _ in range(dist.get_world_size(group))]
         dist.all_gather(every, lse, group=group)
         lse = torch.logsumexp(torch.stack(every), dim=0)  # [U], the same on every rank
@@ -131,12 +128,7 @@ class _ShardedTargetLogprob(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_local = torch.zeros_like(local)
             grad_local.index_add_(0, rows[mine], (owned * hidden)[mine])
-        for first in range(0, local.shape[0], VOCAB_CHUNK):
-            chunk = local[first : first + VOCAB_CHUNK]  # [C, H]
-            scaled = g * torch.exp(hidden @ chunk.T - lse[:, None])  # [U, C]
-            grad_hidden = grad_hidden - scaled @ chunk
-            if grad_local is not None:
-                grad_local[first : first + VOCAB_CHUNK] -= scaled.T @ hidden
+        grad_hidden = subtract_softmax_terms(g, hidden, local, lse, grad_hidden, grad_local)
         dist.all_reduce(grad_hidden, group=ctx.group)
         return grad_hidden, grad_local, None, None, None
 
@@ -150,7 +142,7 @@ class _VocabParallel:
     def _local(self) -> tuple[torch.Tensor, int]:
         weight = cast(DTensor, cast(Any, self).weight)
         local = weight.to_local()  # differentiable: the gradient arrives as this rank's shard
-        return local.to(self.compute), _rows_of(local, weight.shape[0], self.group)[0]
+        return local.to(self.compute), _first_row(weight.shape[0], self.group)
 
 
 class _ShardedEmbeddingModule(torch.nn.Embedding, _VocabParallel):

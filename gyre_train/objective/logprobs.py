@@ -39,17 +39,43 @@ def block_causal_mask(row_starts: np.ndarray, dtype: torch.dtype, device: torch.
 VOCAB_CHUNK = 16_384  # output-matrix rows per chunk of the targets-only head
 
 
+def chunked_log_partition(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[U] logsumexp over the rows of ``weight`` [V, H] of ``hidden @ weight.T``, a VOCAB_CHUNK
+    of rows at a time (the [U, V] logits never whole)."""
+    lse = hidden.new_full((hidden.shape[0],), float("-inf"))
+    for start in range(0, weight.shape[0], VOCAB_CHUNK):
+        lse = torch.logaddexp(lse, torch.logsumexp(hidden @ weight[start : start + VOCAB_CHUNK].T, dim=-1))
+    return lse
+
+
+def subtract_softmax_terms(
+    g: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    lse: torch.Tensor,
+    grad_hidden: torch.Tensor,
+    grad_weight: torch.Tensor | None,
+) -> torch.Tensor:
+    """The log partition's part of the backward of log softmax(h W^T)[y]: for each chunk of
+    ``weight``'s rows, g * softmax is taken off the hidden states' gradient (returned) and, when
+    given, off ``grad_weight`` in place. ``g`` [U, 1] is the output gradient, ``lse`` [U] the
+    log partition the softmax is normalised by."""
+    for start in range(0, weight.shape[0], VOCAB_CHUNK):
+        chunk = weight[start : start + VOCAB_CHUNK]  # [C, H]
+        scaled = g * torch.exp(hidden @ chunk.T - lse[:, None])  # [U, C]: grad times softmax
+        grad_hidden = grad_hidden - scaled @ chunk
+        if grad_weight is not None:
+            grad_weight[start : start + VOCAB_CHUNK] -= scaled.T @ hidden
+    return grad_hidden
+
+
 class _TargetLogprob(torch.autograd.Function):
     """log softmax(h W^T)[y] per row of h, without the [U, V] matrix surviving the call."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # hidden [U, H] at the positions before each target, weight [V, H], targets [U]
-        lse = hidden.new_full((hidden.shape[0],), float("-inf"))  # [U] log partition
-        for start in range(0, weight.shape[0], VOCAB_CHUNK):
-            lse = torch.logaddexp(
-                lse, torch.logsumexp(hidden @ weight[start : start + VOCAB_CHUNK].T, dim=-1)
-            )
+        lse = chunked_log_partition(hidden, weight)  # [U] log partition
         ctx.save_for_backward(hidden, weight, targets, lse)
         return (hidden * weight[targets]).sum(-1) - lse  # [U]
 
@@ -62,12 +88,7 @@ class _TargetLogprob(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = torch.zeros_like(weight)
             grad_weight.index_add_(0, targets, g * hidden)
-        for start in range(0, weight.shape[0], VOCAB_CHUNK):
-            chunk = weight[start : start + VOCAB_CHUNK]  # [C, H]
-            scaled = g * torch.exp(hidden @ chunk.T - lse[:, None])  # [U, C]: grad times softmax
-            grad_hidden = grad_hidden - scaled @ chunk
-            if grad_weight is not None:
-                grad_weight[start : start + VOCAB_CHUNK] -= scaled.T @ hidden
+        grad_hidden = subtract_softmax_terms(g, hidden, weight, lse, grad_hidden, grad_weight)
         return grad_hidden, grad_weight, None
 
 
