@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import psycopg
 
 from gyre_proxy.engines import qwen_tokenizer
 from gyre_proxy.harness import ClaudeCodeHarness
 from gyre_proxy.ingest import Ingestor, Qwen3Template, TraceConfig, TraceGenerator
-from gyre_store import PostgresEventLog, PostgresProjectionStore, catch_up, rebuild
+from gyre_store import PostgresEventLog, PostgresProjectionStore, StoreConfig, catch_up, rebuild
+from gyre_store.db import migrate
 from gyre_store.trees import TrajectoryRecorder, TreeProjection, TreeTopology, TreeView, resolve_nodes
+from tests import pg
+from tests.unit.store.test_trees import arrays, call
 
 SMALL = TraceConfig(
     seed=5,
@@ -101,3 +106,45 @@ def test_generated_execution_on_postgres(pg_log: PostgresEventLog, database_url:
     past_view = TreeView.load(past, "ex-pg")
     assert len(past_view.records) == half.seq + 1
     np.testing.assert_array_equal(past_view.input_of(half.request_id)[0], view.input_of(half.request_id)[0])
+
+
+def test_migration_0008_empties_copied_trees_and_the_next_catch_up_rebuilds_them() -> None:
+    """A database at 0007 with records and a tree in the copying layout: the upgrade drops the
+    copies and the projection's checkpoint, keeps every record, and the next catch-up rebuilds
+    the tree in the referring layout from the log."""
+    name = "gyre_mig8_" + uuid.uuid4().hex[:8]
+    with pg.admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = pg.url_for(name)
+    try:
+        migrate.upgrade(url, "0007")
+        with PostgresEventLog(StoreConfig(url)) as log:
+            recorder = TrajectoryRecorder(log)
+            recorder.record(call("a"), arrays([1, 2, 3], [10, 11, 12]))
+            recorder.record(call("b", "a", 4), arrays([7, 8], [20]))
+        with psycopg.connect(url, autocommit=True) as conn:  # the tree as 0007's projection left it
+            conn.execute(
+                "INSERT INTO gyre_tree_nodes (execution_id, node_id, parent_id, root_id, kind, start, "
+                "n_tokens, tokens, provenance, logprobs, trainable, msg_ends, path_trainable, "
+                "path_messages, children, request_id) VALUES ('ex', 0, NULL, 0, 'input', 0, 3, "
+                "'\\x010000000200000003000000', '\\x020202', NULL, NULL, '\\x', 0, 0, 0, 'a')"
+            )
+            conn.execute("INSERT INTO gyre_checkpoints (name, position) VALUES ('projection:trees', 1)")
+        migrate.upgrade(url)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM gyre_tree_nodes").fetchone() == (0,)
+            assert conn.execute(
+                "SELECT count(*) FROM gyre_checkpoints WHERE name = 'projection:trees'"
+            ).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM gyre_events").fetchone() == (2,)
+        with PostgresEventLog(StoreConfig(url)) as log:
+            p = TreeProjection()
+            store = PostgresProjectionStore(log.pool, {t.name: t for t in p.tables})
+            catch_up(log, store, p)
+            view = TreeView.load(store, "ex")
+            np.testing.assert_array_equal(view.input_of("b")[0], [1, 2, 3, 10, 7, 8])
+            with psycopg.connect(url) as conn:
+                (sql_input,) = conn.execute("SELECT gyre_record_input_v1('ex', 'b')").fetchone()  # type: ignore[misc]
+            assert sql_input == [1, 2, 3, 10, 7, 8]
+    finally:
+        pg.drop(name)
