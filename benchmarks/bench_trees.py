@@ -8,9 +8,9 @@
    projection tables), from pg_total_relation_size, against a table holding every record's full
    input tokens (one bytea row per record) in the same database. Two layouts, same run: the
    migrated one (payloads compressed, migration 0007; tree nodes referring to the payloads'
-   token ids and logprobs instead of copying them, 0008) and the one before 0008 (a copy of the
-   node table with those arrays copied back in from the payloads, stored as 0007 stored them,
-   measured beside the migrated tables).
+   ids, provenance, logprobs and trainable masks instead of copying them, 0008) and the one
+   before 0008 (a copy of the node table with those arrays copied back in from the payloads,
+   stored as 0007 stored them, measured beside the migrated tables).
 2. Re-tokenization. A counting wrapper around the tokenizer counts the calls made inside
    ``Ingestor.prepare``/``record`` and the tokens they return; the baseline is the input tokens
    new to the tree, found by a separate walk over the recorded inputs in log order (prefix

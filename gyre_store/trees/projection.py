@@ -25,6 +25,7 @@ from gyre_store.exceptions import ProjectionError
 from gyre_store.log import RecordedEvent
 from gyre_store.projections import Projection, Row, RowStore
 from gyre_store.trees.topology import TopologyBuilder
+from gyre_store.trees.view import payload_slice
 
 NODES, RECORDS, STATE = "gyre_tree_nodes", "gyre_tree_records", "gyre_tree_state"
 
@@ -40,13 +41,12 @@ def _trainable_above(rows: RowStore, node: Row, cut: int) -> int:
         return 0
     position = int(node["position"])
     payload = rows.payloads([position]).get(position)
-    at = int(node["trainable_at"])
-    if payload is None or at + cut > len(payload):
+    if payload is None:
         raise ProjectionError(
             f"tree node {node['node_id']} of {node['execution_id']} refers to event {position}, "
-            "whose payload the log does not hold"
+            "which has no payload in the log"
         )
-    return int(np.count_nonzero(np.frombuffer(payload, dtype="|b1", count=cut, offset=at)))
+    return int(np.count_nonzero(payload_slice(node, payload, int(node["trainable_at"]), cut, "|b1")))
 
 
 class TreeProjection(Projection):

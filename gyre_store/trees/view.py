@@ -49,15 +49,7 @@ class TreeNode:
         n = int(row["n_tokens"])
 
         def sliced(at: int | None, dtype: str) -> npt.NDArray[np.generic] | None:
-            if at is None:
-                return None
-            end = at + np.dtype(dtype).itemsize * n
-            if at < 0 or end > len(payload):
-                raise ProjectionError(
-                    f"tree node {row['node_id']} of {row['execution_id']} refers to bytes {at} to "
-                    f"{end} of event {row['position']}'s payload, which has {len(payload)}"
-                )
-            return np.frombuffer(payload, dtype=dtype, count=n, offset=at)
+            return None if at is None else payload_slice(row, payload, at, n, dtype)
 
         def arr(blob: bytes | None, dtype: str) -> npt.NDArray[np.generic]:
             return np.frombuffer(bytes(blob or b""), dtype=dtype)
@@ -78,6 +70,18 @@ class TreeNode:
             children=int(row["children"]),
             request_id=str(row["request_id"]),
         )
+
+
+def payload_slice(row: Row, payload: bytes, at: int, n: int, dtype: str) -> npt.NDArray[np.generic]:
+    """``n`` elements of ``dtype`` from byte ``at`` of the payload tree node ``row`` refers to;
+    a slice past the payload's end is a ProjectionError naming the node and the event."""
+    end = at + np.dtype(dtype).itemsize * n
+    if at < 0 or end > len(payload):
+        raise ProjectionError(
+            f"tree node {row['node_id']} of {row['execution_id']} refers to bytes {at} to "
+            f"{end} of event {row['position']}'s payload, which has {len(payload)}"
+        )
+    return np.frombuffer(payload, dtype=dtype, count=n, offset=at)
 
 
 def resolve_nodes(store: ProjectionStore, rows: Sequence[Row]) -> list[TreeNode]:
